@@ -1,0 +1,135 @@
+"""Typed stage configs: YAML file, then command-line flags, then dotted overrides.
+
+A config file holds one section per stage (`prepare:`, `train:`, ...), so one file can drive
+a whole pipeline. Overrides are `KEY=VALUE` words such as `prepare.max_length=4096` (the stage
+prefix may be left out); VALUE is read as YAML, so `true`, `12` and `[a, b]` get their types.
+Unknown keys are errors that name the key. Every stage writes the resolved config next to
+its output (`config.yaml`), which `--config` accepts as is.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, TypeVar
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationError
+
+from eyas import __version__
+from eyas.errors import EyasError
+from eyas.files import write_text_atomic
+
+STAGE_NAMES = ("prepare", "regenerate", "extract", "train", "eval", "export")
+
+
+class StageConfig(BaseModel):
+    """Base of every stage config: unknown keys are errors, values are validated on load."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class PrepareConfig(StageConfig):
+    """`eyas prepare`: conversations -> tokenized dataset with loss masks and vocabulary."""
+
+    target: Path = Field(description="local Hugging Face model directory (tokenizer, chat template)")
+    data: list[Path] = Field(min_length=1, description="JSON/JSONL files, directories of them, or HF datasets dirs")
+    out: Path = Field(description="dataset directory to write")
+    draft_vocab_size: PositiveInt | None = Field(None, description="write vocab.safetensors for this draft vocab size")
+    max_length: PositiveInt | None = Field(None, description="truncate every sample to this many tokens")
+    last_turn_only: bool = Field(False, description="loss on the last assistant turn only")
+    skip_invalid: bool = Field(False, description="skip bad records (counted and reported) instead of stopping")
+    overwrite: bool = Field(False, description="discard an existing, different dataset in --out")
+    chat_template_kwargs: dict[str, Any] = Field(
+        default_factory=dict, description="extra variables for the chat template, e.g. {enable_thinking: false}"
+    )
+    records_per_shard: PositiveInt = Field(10_000, description="input records per Parquet shard (resume unit)")
+    batch_size: PositiveInt = Field(512, description="records tokenized per batch")
+    trust_remote_code: bool = Field(False, description="allow custom tokenizer code from the target directory")
+
+
+Config = TypeVar("Config", bound=StageConfig)
+
+
+def _read_section(config_file: Path, stage: str) -> dict[str, Any]:
+    if not config_file.is_file():
+        raise EyasError(f"{config_file}: config file not found")
+    try:
+        doc = yaml.safe_load(config_file.read_text(encoding="utf-8"))
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        line = f":{mark.line + 1}" if mark is not None else ""
+        raise EyasError(f"{config_file}{line}: invalid YAML: {getattr(exc, 'problem', exc)}") from None
+    if doc is None:
+        return {}
+    if not isinstance(doc, dict):
+        raise EyasError(f"{config_file}: expected a mapping of stage sections ({', '.join(STAGE_NAMES)})")
+    for key in doc:
+        if key not in STAGE_NAMES:
+            raise EyasError(f"{config_file}: {key}: unknown stage section (known: {', '.join(STAGE_NAMES)})")
+    section = doc.get(stage) or {}
+    if not isinstance(section, dict):
+        raise EyasError(f"{config_file}: {stage}: expected a mapping of keys")
+    return section
+
+
+def _apply_override(values: dict[str, Any], override: str, stage: str) -> None:
+    key, sep, raw = override.partition("=")
+    if not sep or not key:
+        raise EyasError(f"override {override!r}: expected KEY=VALUE, e.g. {stage}.max_length=2048")
+    parts = key.split(".")
+    if parts[0] == stage:
+        parts = parts[1:]
+    elif parts[0] in STAGE_NAMES and len(parts) > 1:
+        raise EyasError(f"override {override!r}: targets stage {parts[0]!r}, this command is {stage!r}")
+    if not parts or not all(parts):
+        raise EyasError(f"override {override!r}: empty key")
+    try:
+        value = yaml.safe_load(raw) if raw else ""
+    except yaml.YAMLError:
+        value = raw
+    node = values
+    for part in parts[:-1]:
+        node = node.setdefault(part, {})
+        if not isinstance(node, dict):
+            raise EyasError(f"override {override!r}: {part} is not a mapping")
+    node[parts[-1]] = value
+
+
+def _describe(error: dict[str, Any], stage: str) -> str:
+    field = ".".join(str(p) for p in (stage, *error["loc"]))
+    if error["type"] == "extra_forbidden":
+        return f"{field}: unknown key"
+    if error["type"] == "missing":
+        return f"{field}: required (give it as a flag, in --config, or as {field}=...)"
+    return f"{field}: {error['msg']} (got {error.get('input')!r})"
+
+
+def load_stage_config(
+    cls: type[Config],
+    stage: str,
+    config_file: Path | None = None,
+    flags: dict[str, Any] | None = None,
+    overrides: list[str] | None = None,
+) -> Config:
+    """Return the validated config for `stage`: defaults < YAML section < flags < overrides.
+
+    Flags whose value is None count as not given. Raises EyasError naming every bad or
+    unknown key at once.
+    """
+    values: dict[str, Any] = _read_section(config_file, stage) if config_file else {}
+    values.update({k: v for k, v in (flags or {}).items() if v is not None})
+    for override in overrides or []:
+        _apply_override(values, override, stage)
+    try:
+        return cls.model_validate(values)
+    except ValidationError as exc:
+        problems = "; ".join(_describe(e, stage) for e in exc.errors())
+        raise EyasError(f"invalid {stage} config: {problems}") from None
+
+
+def write_resolved_config(config: StageConfig, stage: str, out_dir: Path) -> Path:
+    """Write `out_dir/config.yaml` (the resolved config, loadable with `--config`); return its path."""
+    body = yaml.safe_dump({stage: config.model_dump(mode="json")}, sort_keys=False)
+    path = out_dir / "config.yaml"
+    write_text_atomic(path, f"# resolved by eyas {__version__}; rerun with: eyas {stage} --config {path.name}\n{body}")
+    return path

@@ -1,0 +1,1 @@
+"""Data preparation: input readers, chat-template tokenization with loss masks, vocabulary."""

@@ -1,0 +1,153 @@
+"""The prepared dataset on disk: Parquet shards, prompt files, token counts and the manifest.
+
+Layout of a dataset dir:
+  data-00000.parquet    input_ids list<int32>, loss_mask list<bool>, source string (file:line)
+  prompts-00000.jsonl   prompt-only records ({"prompt", "source"}) for `eyas regenerate`
+  token_counts.safetensors  counts [V] int64 of loss-masked target tokens
+  vocab.safetensors     d2t / t2d when a draft vocabulary size was asked for
+  manifest.json         provenance, per-shard sha256, counts (written last: marks completion)
+  progress.json         finished shards of an unfinished run (removed on completion)
+  config.yaml           the resolved `prepare` config
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+from pydantic import BaseModel, Field, ValidationError
+
+from eyas.data.chat_tokens import Encoded
+from eyas.errors import EyasError
+from eyas.files import write_atomic
+from eyas.target.fingerprint import TargetFingerprint
+
+FORMAT_VERSION = 1
+MANIFEST = "manifest.json"
+PROGRESS = "progress.json"
+TOKEN_COUNTS = "token_counts.safetensors"
+VOCAB = "vocab.safetensors"
+
+SCHEMA = pa.schema([
+    ("input_ids", pa.list_(pa.int32())),
+    ("loss_mask", pa.list_(pa.bool_())),
+    ("source", pa.string()),
+])
+
+
+class ShardStats(BaseModel):
+    """What one shard (a fixed range of input records) produced."""
+
+    index: int
+    records: int = 0
+    rows: int = 0
+    prompts: int = 0
+    tokens: int = 0
+    loss_tokens: int = 0
+    truncated: int = 0
+    dropped_no_loss: int = 0
+    skipped: dict[str, int] = Field(default_factory=dict)
+    skipped_examples: list[str] = Field(default_factory=list)
+    data_file: str | None = None
+    data_sha256: str | None = None
+    prompts_file: str | None = None
+    prompts_sha256: str | None = None
+
+
+class Progress(BaseModel):
+    """Finished shards of an interrupted run, keyed to the run's inputs and settings."""
+
+    run_key: str
+    shards: list[ShardStats] = Field(default_factory=list)
+
+
+class VocabInfo(BaseModel):
+    size: int
+    coverage: float
+    file: str
+
+
+class DatasetManifest(BaseModel):
+    """`manifest.json` of a finished dataset."""
+
+    kind: str = "eyas.dataset"
+    format_version: int = FORMAT_VERSION
+    eyas_version: str
+    fingerprint: str
+    run_key: str
+    target_path: str
+    target: TargetFingerprint
+    inputs: list[dict[str, str]]
+    counts: dict[str, int]
+    skipped: dict[str, int]
+    skipped_examples: list[str]
+    shards: list[ShardStats]
+    token_counts_file: str = TOKEN_COUNTS
+    vocab: VocabInfo | None = None
+
+
+def shard_name(index: int, kind: str) -> str:
+    """Return the file name of shard `index` (`kind` is "data" or "prompts")."""
+    return f"data-{index:05d}.parquet" if kind == "data" else f"prompts-{index:05d}.jsonl"
+
+
+def write_data_shard(path: Path, rows: list[Encoded]) -> None:
+    """Atomically write encoded samples to a Parquet shard (zstd, deterministic bytes)."""
+    lengths = np.fromiter((len(r.input_ids) for r in rows), dtype=np.int32, count=len(rows))
+    offsets = pa.array(np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32))
+    ids = np.concatenate([r.input_ids for r in rows]).astype(np.int32)  # [sum T]
+    mask = np.concatenate([r.loss_mask for r in rows])  # [sum T] bool
+    table = pa.Table.from_arrays(
+        [
+            pa.ListArray.from_arrays(offsets, pa.array(ids)),
+            pa.ListArray.from_arrays(offsets, pa.array(mask)),
+            pa.array([r.source for r in rows], pa.string()),
+        ],
+        schema=SCHEMA,
+    )
+    write_atomic(path, lambda tmp: pq.write_table(table, tmp, compression="zstd"))
+
+
+def iter_shard_tokens(path: Path) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """Yield `(input_ids [T] int32, loss_mask [T] bool)` flattened over each row group of a shard."""
+    parquet = pq.ParquetFile(path)
+    for group in range(parquet.num_row_groups):
+        table = parquet.read_row_group(group, columns=["input_ids", "loss_mask"])
+        ids = table.column("input_ids").combine_chunks().flatten().to_numpy()
+        mask = table.column("loss_mask").combine_chunks().flatten().to_numpy(zero_copy_only=False)
+        yield ids, mask
+
+
+def count_loss_tokens(dataset_dir: Path, data_files: list[str], vocab_size: int) -> np.ndarray:
+    """Return `counts [V] int64`: how often each target id occurs under the loss mask."""
+    counts = np.zeros(vocab_size, dtype=np.int64)
+    for name in data_files:
+        for ids, mask in iter_shard_tokens(dataset_dir / name):
+            counts += np.bincount(ids[mask], minlength=vocab_size)[:vocab_size]
+    return counts
+
+
+def read_manifest(dataset_dir: Path) -> DatasetManifest:
+    """Return the manifest of a finished dataset; refuses a missing or unreadable one."""
+    path = dataset_dir / MANIFEST
+    if not path.is_file():
+        raise EyasError(f"{path}: not found; is {dataset_dir} a finished `eyas prepare` output?")
+    try:
+        return DatasetManifest.model_validate(json.loads(path.read_text(encoding="utf-8")))
+    except (json.JSONDecodeError, ValidationError) as exc:
+        raise EyasError(f"{path}: not a valid eyas dataset manifest: {str(exc).splitlines()[0]}") from None
+
+
+def read_progress(dataset_dir: Path) -> Progress | None:
+    """Return the progress of an unfinished run in `dataset_dir`, or None when there is none."""
+    path = dataset_dir / PROGRESS
+    if not path.is_file():
+        return None
+    try:
+        return Progress.model_validate(json.loads(path.read_text(encoding="utf-8")))
+    except (json.JSONDecodeError, ValidationError) as exc:
+        raise EyasError(f"{path}: unreadable progress file ({str(exc).splitlines()[0]}); rerun with --overwrite") from None

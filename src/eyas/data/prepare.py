@@ -1,0 +1,254 @@
+"""The `eyas prepare` stage: conversations -> tokenized, loss-masked Parquet dataset + vocabulary.
+
+Input records are processed in fixed shards of `records_per_shard` records, in input order.
+Each finished shard is renamed into place and then listed in `progress.json`, so a killed run
+resumes at the first unfinished shard and produces the same bytes as an uninterrupted one.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import shutil
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
+from typing import TypeVar
+
+from safetensors.numpy import load_file, save_file
+
+from eyas import __version__
+from eyas.config import PrepareConfig, write_resolved_config
+from eyas.data import dataset as ds
+from eyas.data.chat_tokens import ChatEncoder, Encoded
+from eyas.data.records import Conversation, Document, Prompt, parse_record
+from eyas.data.sources import RawRecord, count_records, expand_inputs, read_records
+from eyas.data.vocab import cached_draft_vocab, save_draft_vocab
+from eyas.errors import EyasError, InputError
+from eyas.files import sha256_file, sha256_text, sha256_tree, write_atomic, write_json_atomic, write_text_atomic
+from eyas.progress import stage_progress
+from eyas.target.fingerprint import TargetFingerprint, target_fingerprint
+from eyas.target.tokenizer import load_tokenizer
+
+MAX_SKIPPED_EXAMPLES = 20
+Item = TypeVar("Item")
+
+
+def _batched(items: Iterable[Item], size: int) -> Iterator[list[Item]]:
+    iterator = iter(items)
+    while batch := list(itertools.islice(iterator, size)):
+        yield batch
+
+
+def _run_key(config: PrepareConfig, target: TargetFingerprint, inputs: list[dict[str, str]]) -> str:
+    """Hash of everything that decides the dataset's bytes (not the vocab size, batch size or paths out)."""
+    decisive = {
+        "format_version": ds.FORMAT_VERSION,
+        "tokenizer": target.tokenizer,
+        "chat_template": target.chat_template,
+        "vocab_size": target.vocab_size,
+        "inputs": [i["sha256"] for i in inputs],
+        "max_length": config.max_length,
+        "last_turn_only": config.last_turn_only,
+        "skip_invalid": config.skip_invalid,
+        "chat_template_kwargs": config.chat_template_kwargs,
+        "records_per_shard": config.records_per_shard,
+    }
+    return sha256_text(json.dumps(decisive, sort_keys=True, default=str))
+
+
+_OWN_FILES = ("data-*.parquet", "prompts-*.jsonl", ds.MANIFEST, ds.PROGRESS, ds.TOKEN_COUNTS, ds.VOCAB, "config.yaml")
+
+
+def _clear_output(out: Path) -> None:
+    for pattern in _OWN_FILES:
+        for path in out.glob(pattern):
+            path.unlink()
+    shutil.rmtree(out / "vocab-cache", ignore_errors=True)
+
+
+def _claim_output(config: PrepareConfig, run_key: str) -> tuple[ds.DatasetManifest | None, list[ds.ShardStats]]:
+    """Return (finished manifest or None, finished shards) for `out`; refuse to clobber other data."""
+    out = config.out
+    if out.exists() and not out.is_dir():
+        raise EyasError(f"{out}: exists and is not a directory (--out)")
+    out.mkdir(parents=True, exist_ok=True)
+    manifest = ds.read_manifest(out) if (out / ds.MANIFEST).is_file() else None
+    progress = ds.read_progress(out)
+    existing_key = manifest.run_key if manifest else progress.run_key if progress else None
+    if existing_key is not None and existing_key != run_key:
+        if not config.overwrite:
+            raise EyasError(
+                f"{out}: holds a dataset prepared from other inputs or settings; use another --out or --overwrite"
+            )
+        _clear_output(out)
+        return None, []
+    if existing_key is None and any(p.name != "config.yaml" for p in out.iterdir()):
+        if not config.overwrite:
+            raise EyasError(f"{out}: is not empty and holds no eyas dataset; use another --out or --overwrite")
+        _clear_output(out)
+    return manifest, progress.shards if progress else []
+
+
+class _ShardBuilder:
+    """Turns one shard's raw records into encoded rows, prompts and counts."""
+
+    def __init__(self, config: PrepareConfig, encoder: ChatEncoder) -> None:
+        self.config = config
+        self.encoder = encoder
+
+    def _skip(self, stats: ds.ShardStats, error: InputError) -> None:
+        if not self.config.skip_invalid:
+            raise error
+        stats.skipped[error.reason] = stats.skipped.get(error.reason, 0) + 1
+        if len(stats.skipped_examples) < MAX_SKIPPED_EXAMPLES:
+            stats.skipped_examples.append(str(error))
+
+    def _encode(self, stats: ds.ShardStats, batch: list[Conversation | Document]) -> list[Encoded]:
+        try:
+            return self.encoder.encode(batch)
+        except InputError:
+            if not self.config.skip_invalid:
+                raise
+        encoded = []
+        for record in batch:  # isolate the bad records of this batch
+            try:
+                encoded.extend(self.encoder.encode([record]))
+            except InputError as error:
+                self._skip(stats, error)
+        return encoded
+
+    def _finish_row(self, stats: ds.ShardStats, row: Encoded) -> Encoded | None:
+        limit = self.config.max_length
+        if limit is not None and len(row.input_ids) > limit:
+            stats.truncated += 1
+            row = Encoded(row.source, row.input_ids[:limit], row.loss_mask[:limit])
+        loss_tokens = int(row.loss_mask.sum())
+        if loss_tokens == 0:
+            stats.dropped_no_loss += 1
+            return None
+        stats.rows += 1
+        stats.tokens += len(row.input_ids)
+        stats.loss_tokens += loss_tokens
+        return row
+
+    def build(self, index: int, raw: list[RawRecord], on_batch: Callable[[int, int], None]) -> tuple[ds.ShardStats, list[Encoded], list[Prompt]]:
+        """Return the stats, rows and prompts of shard `index`; `on_batch(records, tokens)` reports progress."""
+        stats = ds.ShardStats(index=index, records=len(raw))
+        rows: list[Encoded] = []
+        prompts: list[Prompt] = []
+        for batch_raw in _batched(raw, self.config.batch_size):
+            trainable: list[Conversation | Document] = []
+            for record in batch_raw:
+                try:
+                    if isinstance(record.value, InputError):
+                        raise record.value
+                    parsed = parse_record(record.source, record.value)
+                except InputError as error:
+                    self._skip(stats, error)
+                    continue
+                if isinstance(parsed, Prompt):
+                    prompts.append(parsed)
+                else:
+                    trainable.append(parsed)
+            tokens_before = stats.tokens
+            for row in self._encode(stats, trainable) if trainable else []:
+                if (finished := self._finish_row(stats, row)) is not None:
+                    rows.append(finished)
+            on_batch(len(batch_raw), stats.tokens - tokens_before)
+        stats.prompts = len(prompts)
+        return stats, rows, prompts
+
+
+def _write_shard(out: Path, stats: ds.ShardStats, rows: list[Encoded], prompts: list[Prompt]) -> None:
+    if rows:
+        stats.data_file = ds.shard_name(stats.index, "data")
+        ds.write_data_shard(out / stats.data_file, rows)
+        stats.data_sha256 = sha256_file(out / stats.data_file)
+    if prompts:
+        stats.prompts_file = ds.shard_name(stats.index, "prompts")
+        lines = "".join(json.dumps({"prompt": p.prompt, "source": p.source}, ensure_ascii=False) + "\n" for p in prompts)
+        write_text_atomic(out / stats.prompts_file, lines)
+        stats.prompts_sha256 = sha256_file(out / stats.prompts_file)
+
+
+def _summed(shards: list[ds.ShardStats]) -> tuple[dict[str, int], dict[str, int], list[str]]:
+    counts: Counter[str] = Counter()
+    skipped: Counter[str] = Counter()
+    examples: list[str] = []
+    for shard in shards:
+        for key in ("records", "rows", "prompts", "tokens", "loss_tokens", "truncated", "dropped_no_loss"):
+            counts[key] += getattr(shard, key)
+        skipped.update(shard.skipped)
+        examples.extend(shard.skipped_examples)
+    counts["skipped"] = sum(skipped.values())
+    return dict(counts), dict(sorted(skipped.items())), examples[:MAX_SKIPPED_EXAMPLES]
+
+
+def _attach_vocab(config: PrepareConfig, manifest: ds.DatasetManifest) -> ds.DatasetManifest:
+    """Write `vocab.safetensors` for the configured size (cached per dataset fingerprint and size)."""
+    size = config.draft_vocab_size
+    if size is None:
+        return manifest
+    counts = load_file(str(config.out / ds.TOKEN_COUNTS))["counts"]
+    vocab, _ = cached_draft_vocab(config.out, manifest.fingerprint, counts, size)
+    save_draft_vocab(config.out / ds.VOCAB, vocab, manifest.fingerprint)
+    return manifest.model_copy(update={"vocab": ds.VocabInfo(size=size, coverage=vocab.coverage, file=ds.VOCAB)})
+
+
+def run_prepare(config: PrepareConfig) -> tuple[ds.DatasetManifest, bool]:
+    """Prepare (or resume, or reuse) the dataset in `config.out`; return its manifest and whether it was reused.
+
+    Raises EyasError/InputError for bad inputs before or during the run.
+    """
+    inputs_paths = expand_inputs(config.data)
+    tokenizer = load_tokenizer(config.target, config.trust_remote_code)
+    target = target_fingerprint(config.target, tokenizer.chat_template)
+    inputs = [{"path": str(p), "sha256": sha256_tree(p)} for p in inputs_paths]
+    run_key = _run_key(config, target, inputs)
+    finished, done = _claim_output(config, run_key)
+    write_resolved_config(config, "prepare", config.out)
+    if finished is not None:
+        manifest = _attach_vocab(config, finished)
+        write_json_atomic(config.out / ds.MANIFEST, manifest.model_dump(mode="json"))
+        return manifest, True
+
+    encoder = ChatEncoder(tokenizer, config.chat_template_kwargs, config.last_turn_only, str(config.target))
+    builder = _ShardBuilder(config, encoder)
+    total = sum(count_records(p) for p in inputs_paths)
+    stream = itertools.chain.from_iterable(read_records(p) for p in inputs_paths)
+    stream = itertools.islice(stream, len(done) * config.records_per_shard, None)
+    progress_state = ds.Progress(run_key=run_key, shards=list(done))
+    started, tokens_seen = time.monotonic(), 0
+    with stage_progress() as bar:
+        task = bar.add_task("prepare", total=total, completed=sum(s.records for s in done), rate="")
+
+        def on_batch(records: int, tokens: int) -> None:
+            nonlocal tokens_seen
+            tokens_seen += tokens
+            rate = tokens_seen / max(time.monotonic() - started, 1e-9)
+            bar.update(task, advance=records, rate=f"{rate:,.0f} tok/s")
+
+        for index, raw in enumerate(_batched(stream, config.records_per_shard), start=len(done)):
+            stats, rows, prompts = builder.build(index, raw, on_batch)
+            _write_shard(config.out, stats, rows, prompts)
+            progress_state.shards.append(stats)
+            write_json_atomic(config.out / ds.PROGRESS, progress_state.model_dump(mode="json"))
+
+    shards = progress_state.shards
+    counts, skipped, examples = _summed(shards)
+    data_files = [s.data_file for s in shards if s.data_file]
+    if counts.get("rows", 0) == 0 and counts.get("prompts", 0) == 0:
+        raise EyasError(f"{config.out}: no usable records in the inputs ({counts.get('skipped', 0)} skipped)")
+    token_counts = ds.count_loss_tokens(config.out, data_files, target.vocab_size)
+    write_atomic(config.out / ds.TOKEN_COUNTS, lambda tmp: save_file({"counts": token_counts}, str(tmp)))
+    fingerprint = sha256_text(run_key + "".join(f"{s.data_sha256}{s.prompts_sha256}" for s in shards))
+    manifest = ds.DatasetManifest(
+        eyas_version=__version__, fingerprint=fingerprint, run_key=run_key, target_path=str(config.target),
+        target=target, inputs=inputs, counts=counts, skipped=skipped, skipped_examples=examples, shards=shards,
+    )
+    manifest = _attach_vocab(config, manifest)
+    write_json_atomic(config.out / ds.MANIFEST, manifest.model_dump(mode="json"))
+    (config.out / ds.PROGRESS).unlink(missing_ok=True)
+    return manifest, False

@@ -1,0 +1,27 @@
+"""Errors a user can act on: the CLI prints each as one line and exits with code 2."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+class EyasError(Exception):
+    """A problem with the user's input, config or environment (not a bug in eyas)."""
+
+    exit_code = 2
+
+
+class InputError(EyasError):
+    """Bad input data, located as `file:line: field: problem`."""
+
+    def __init__(self, source: str, field: str, problem: str, reason: str | None = None) -> None:
+        self.source = source
+        self.field = field
+        self.problem = problem
+        self.reason = reason or problem  # short fixed phrase used to count skipped records
+        super().__init__(f"{source}: {field}: {problem}")
+
+
+def where(path: Path | str, line: int | str) -> str:
+    """Return the `file:line` location string used in every data error."""
+    return f"{path}:{line}"

@@ -1,0 +1,1 @@
+"""Target models: locating their files, fingerprints, tokenizers (weights come later)."""

@@ -1,0 +1,116 @@
+"""Tiny target model directories built from scratch: a trained byte-level BPE tokenizer, a chat
+template in the style of a real model family, and a `config.json` (no weights, no downloads).
+
+Styles: "chatml" (SmolLM2 / Qwen2.5 shape), "llama3", "qwen3" (thinking blocks kept only in the
+turns after the last user message), "mistral" (`[INST]` turns, no generation prompt).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+Style = Literal["chatml", "llama3", "qwen3", "mistral"]
+STYLES: tuple[Style, ...] = ("chatml", "llama3", "qwen3", "mistral")
+
+CORPUS = [
+    "The quick brown fox jumps over the lazy dog while the river runs past the old mill.",
+    "Speculative decoding lets a small draft model propose tokens that a large target verifies.",
+    "def add(a, b):\n    return a + b\n\nprint(add(2, 3))",
+    "Write a short poem about the sea, the wind, and a ship that never comes home.",
+    "A hawk taken young from the nest is called an eyas; falconers train it with patience.",
+    "Explain why the sky is blue in two sentences, for a curious child of seven.",
+    "import json\nwith open('data.json') as handle:\n    records = json.load(handle)",
+    "Numbers: 0 1 2 3 4 5 6 7 8 9 10 100 1000, and punctuation: ; : , . ! ? ( ) [ ] { } < > | / \\ - _ = + * & ^ % $ # @ ~ '",
+    "Hello! How can I help you today? Sure, here is a list of ideas for your weekend.",
+    "<think>\nThe user wants a summary, so I should keep it brief.\n</think>\n\nHere is the summary.",
+]
+
+_TEMPLATES: dict[Style, str] = {
+    "chatml": (
+        "{%- for message in messages %}"
+        "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
+        "{%- endfor %}"
+        "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+    ),
+    "llama3": (
+        "{{- bos_token }}"
+        "{%- for message in messages %}"
+        "{{- '<|start_header_id|>' + message['role'] + '<|end_header_id|>\\n\\n' + message['content'] | trim + '<|eot_id|>' }}"
+        "{%- endfor %}"
+        "{%- if add_generation_prompt %}{{- '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}{%- endif %}"
+    ),
+    "qwen3": (
+        "{%- set ns = namespace(last_query=-1) %}"
+        "{%- for message in messages %}{%- if message.role == 'user' %}{%- set ns.last_query = loop.index0 %}{%- endif %}{%- endfor %}"
+        "{%- for message in messages %}"
+        "{%- if message.role == 'assistant' %}"
+        "{%- set content = message.content %}{%- set reasoning = '' %}"
+        "{%- if '</think>' in content %}"
+        "{%- set reasoning = content.split('</think>')[0].split('<think>')[-1].strip('\\n') %}"
+        "{%- set content = content.split('</think>')[-1].lstrip('\\n') %}"
+        "{%- endif %}"
+        "{%- if loop.index0 > ns.last_query %}"
+        "{{- '<|im_start|>assistant\\n<think>\\n' + reasoning + '\\n</think>\\n\\n' + content + '<|im_end|>\\n' }}"
+        "{%- else %}"
+        "{{- '<|im_start|>assistant\\n' + content + '<|im_end|>\\n' }}"
+        "{%- endif %}"
+        "{%- else %}"
+        "{{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>\\n' }}"
+        "{%- endif %}"
+        "{%- endfor %}"
+        "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}"
+        "{%- if enable_thinking is defined and enable_thinking is false %}{{- '<think>\\n\\n</think>\\n\\n' }}{%- endif %}"
+        "{%- endif %}"
+    ),
+    "mistral": (
+        "{{- bos_token }}"
+        "{%- for message in messages %}"
+        "{%- if message['role'] == 'user' %}{{- '[INST] ' + message['content'] + ' [/INST]' }}"
+        "{%- elif message['role'] == 'assistant' %}{{- message['content'] + eos_token }}"
+        "{%- else %}{{- '[SYS] ' + message['content'] + ' [/SYS]' }}{%- endif %}"
+        "{%- endfor %}"
+    ),
+}
+
+# (special tokens, bos, eos, pad, model_type) per style
+_SPECIALS: dict[Style, tuple[list[str], str | None, str, str, str]] = {
+    "chatml": (["<|endoftext|>", "<|im_start|>", "<|im_end|>"], None, "<|im_end|>", "<|endoftext|>", "llama"),
+    "llama3": (["<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"],
+               "<|begin_of_text|>", "<|eot_id|>", "<|end_of_text|>", "llama"),
+    "qwen3": (["<|endoftext|>", "<|im_start|>", "<|im_end|>"], None, "<|im_end|>", "<|endoftext|>", "qwen3"),
+    "mistral": (["<unk>", "<s>", "</s>"], "<s>", "</s>", "<unk>", "mistral"),
+}
+
+
+def build_tiny_target(out: Path, style: Style = "chatml", vocab_size: int = 512, with_template: bool = True) -> Path:
+    """Write a tiny model directory (tokenizer files + config.json) for `style` to `out`; return `out`.
+
+    The BPE is trained on a small built-in corpus with byte-level pre-tokenization, so any text
+    tokenizes. `config.json` declares a vocabulary padded to a multiple of 64, as real models do.
+    """
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import AutoConfig, PreTrainedTokenizerFast
+
+    specials, bos, eos, pad, model_type = _SPECIALS[style]
+    backend = Tokenizer(models.BPE())
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    backend.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size, special_tokens=specials, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    backend.train_from_iterator(CORPUS * 4, trainer)
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, bos_token=bos, eos_token=eos, pad_token=pad)
+    tokenizer.add_special_tokens({"additional_special_tokens": [s for s in specials if s not in (bos, eos, pad)]})
+    if with_template:
+        tokenizer.chat_template = _TEMPLATES[style]
+    out.mkdir(parents=True, exist_ok=True)
+    tokenizer.save_pretrained(str(out))
+    padded_vocab = -(-len(tokenizer) // 64) * 64
+    config = AutoConfig.for_model(
+        model_type, vocab_size=padded_vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048, tie_word_embeddings=False,
+    )
+    config.save_pretrained(str(out))
+    return out
