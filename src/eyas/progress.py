@@ -9,7 +9,10 @@ stderr_console = Console(stderr=True)
 
 
 def stage_progress() -> Progress:
-    """Return a progress display with a `rate` field for a task (e.g. "12,345 tok/s")."""
+    """Return a progress display with a `rate` field for a task (e.g. "12,345 tok/s").
+
+    Shown only when stderr is a terminal, so logs and captured output hold results and errors only.
+    """
     return Progress(
         TextColumn("[bold]{task.description}"),
         BarColumn(),
@@ -20,4 +23,5 @@ def stage_progress() -> Progress:
         TimeRemainingColumn(),
         console=stderr_console,
         transient=False,
+        disable=not stderr_console.is_terminal,
     )

@@ -86,11 +86,16 @@ class ChatEncoder:
             self._markers = self._probe()
         return self._markers
 
-    def _probe(self) -> TurnMarkers:
+    def check_template(self, needed_by: str) -> None:
+        """Refuse a tokenizer without a chat template (naming the record that needs one) or one eyas cannot read."""
         if not self.tokenizer.chat_template:
             raise EyasError(
-                f"{self.origin}: chat_template: the tokenizer has no chat template; conversation records need one"
+                f"{needed_by}: chat_template: the tokenizer of {self.origin} has no chat template;"
+                " conversation records need one"
             )
+        _ = self.markers
+
+    def _probe(self) -> TurnMarkers:
         (u1, u2), (a1, a2) = _PROBE_USER, _PROBE_ASSISTANT
         probe = [{"role": "user", "content": u1}, {"role": "assistant", "content": a1},
                  {"role": "user", "content": u2}, {"role": "assistant", "content": a2}]
@@ -167,12 +172,14 @@ class ChatEncoder:
         documents = [r for r in records if isinstance(r, Document)]
         encoded: dict[int, Encoded] = {}
         if conversations:
+            self.check_template(conversations[0].source)
             texts = self.render(conversations)
             spans = [self.assistant_spans(c, t) for c, t in zip(conversations, texts)]
-            batch = self.tokenizer(texts, add_special_tokens=False, return_offsets_mapping=True)
-            for conversation, ids, offsets, turn_spans in zip(conversations, batch["input_ids"], batch["offset_mapping"], spans):
+            # the Rust tokenizer directly: same ids as the HF wrapper, without its per-token Python lists
+            batch = self.tokenizer.backend_tokenizer.encode_batch(texts, add_special_tokens=False)
+            for conversation, encoding, turn_spans in zip(conversations, batch, spans):
                 encoded[id(conversation)] = Encoded(
-                    conversation.source, np.asarray(ids, dtype=np.int32), span_mask(offsets, turn_spans)
+                    conversation.source, np.asarray(encoding.ids, dtype=np.int32), span_mask(encoding.offsets, turn_spans)
                 )
         if documents:
             batch = self.tokenizer([d.text for d in documents], add_special_tokens=True)

@@ -8,6 +8,7 @@ read, so a vocabulary is never reused for another dataset.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,6 +20,7 @@ from eyas.errors import EyasError
 from eyas.files import write_atomic
 
 CACHE_DIR = "vocab-cache"
+METADATA_KEY = "eyas.draft_vocab"
 
 
 @dataclass(frozen=True)
@@ -56,21 +58,20 @@ def select_draft_vocab(counts: np.ndarray, size: int) -> DraftVocab:
 
 def save_draft_vocab(path: Path, vocab: DraftVocab, dataset_fingerprint: str) -> None:
     """Atomically write `d2t` and `t2d` to a safetensors file tagged with the dataset fingerprint."""
-    metadata = {
-        "dataset_fingerprint": dataset_fingerprint,
-        "draft_vocab_size": str(len(vocab.d2t)),
-        "coverage": repr(vocab.coverage),
-    }
+    # one metadata key holding sorted JSON: safetensors stores metadata in a hash map, so several
+    # keys would be written in a different order by each process and break byte-identical output
+    info = {"dataset_fingerprint": dataset_fingerprint, "draft_vocab_size": len(vocab.d2t), "coverage": vocab.coverage}
+    metadata = {METADATA_KEY: json.dumps(info, sort_keys=True)}
     write_atomic(path, lambda tmp: save_file({"d2t": vocab.d2t, "t2d": vocab.t2d}, str(tmp), metadata=metadata))
 
 
 def load_draft_vocab(path: Path, dataset_fingerprint: str | None = None) -> DraftVocab:
     """Return the vocabulary in `path`; refuses one made for another dataset when a fingerprint is given."""
     with safe_open(str(path), framework="numpy") as handle:
-        metadata = handle.metadata() or {}
-        if dataset_fingerprint is not None and metadata.get("dataset_fingerprint") != dataset_fingerprint:
-            raise EyasError(f"{path}: dataset_fingerprint: made for another dataset ({metadata.get('dataset_fingerprint')})")
-        return DraftVocab(handle.get_tensor("d2t"), handle.get_tensor("t2d"), float(metadata.get("coverage", "nan")))
+        info = json.loads((handle.metadata() or {}).get(METADATA_KEY, "{}"))
+        if dataset_fingerprint is not None and info.get("dataset_fingerprint") != dataset_fingerprint:
+            raise EyasError(f"{path}: dataset_fingerprint: made for another dataset ({info.get('dataset_fingerprint')})")
+        return DraftVocab(handle.get_tensor("d2t"), handle.get_tensor("t2d"), float(info.get("coverage", "nan")))
 
 
 def cached_draft_vocab(dataset_dir: Path, dataset_fingerprint: str, counts: np.ndarray, size: int) -> tuple[DraftVocab, bool]:

@@ -1,0 +1,61 @@
+"""Shared fixtures: tiny offline targets (built once per session) and an in-process CLI runner."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from eyas.testing.tiny import STYLES, build_tiny_target
+
+
+@pytest.fixture(scope="session")
+def tiny_targets(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """One tiny target dir per chat style, plus "notemplate" (a tokenizer without a chat template)."""
+    root = tmp_path_factory.mktemp("targets")
+    targets = {style: build_tiny_target(root / style, style) for style in STYLES}
+    targets["notemplate"] = build_tiny_target(root / "notemplate", "chatml", with_template=False)
+    return targets
+
+
+@dataclass
+class CliResult:
+    code: int
+    out: str
+    err: str
+
+
+@pytest.fixture
+def run_cli(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> Callable[..., CliResult]:
+    """Run `eyas ARGS...` in-process through the real entry point; return exit code, stdout, stderr."""
+    from eyas.cli import main
+
+    def run(*args: str | Path) -> CliResult:
+        monkeypatch.setattr(sys, "argv", ["eyas", *map(str, args)])
+        capsys.readouterr()
+        try:
+            main()
+            code = 0
+        except SystemExit as exit_:
+            code = exit_.code if isinstance(exit_.code, int) else 1
+        captured = capsys.readouterr()
+        return CliResult(code, captured.out, captured.err)
+
+    return run
+
+
+def write_jsonl(path: Path, records: Iterable[object]) -> Path:
+    """Write one JSON value per line (strings are written verbatim, for malformed lines)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    lines = [r if isinstance(r, str) else json.dumps(r) for r in records]
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
+def chat(*turns: tuple[str, str]) -> dict[str, list[dict[str, str]]]:
+    """Return an OpenAI-format record from (role, content) pairs."""
+    return {"messages": [{"role": role, "content": content} for role, content in turns]}
