@@ -10,6 +10,8 @@ from pathlib import Path
 from typing import Any
 
 _CHUNK = 1 << 20
+_UMASK = os.umask(0)
+os.umask(_UMASK)
 
 
 def sha256_file(path: Path) -> str:
@@ -48,6 +50,7 @@ def write_atomic(path: Path, write: Callable[[Path], None]) -> None:
         write(tmp)
         with open(tmp, "rb+") as handle:
             os.fsync(handle.fileno())
+        os.chmod(tmp, 0o666 & ~_UMASK)  # some writers (safetensors) create 0600 files
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)

@@ -114,3 +114,18 @@ def build_tiny_target(out: Path, style: Style = "chatml", vocab_size: int = 512,
     )
     config.save_pretrained(str(out))
     return out
+
+
+def main(argv: list[str] | None = None) -> None:
+    """`python -m eyas.testing.tiny OUT [--style STYLE]`: write a tiny target directory."""
+    import argparse
+
+    parser = argparse.ArgumentParser(description="Write a tiny offline target (tokenizer, chat template, config).")
+    parser.add_argument("out", type=Path)
+    parser.add_argument("--style", choices=STYLES, default="chatml")
+    args = parser.parse_args(argv)
+    print(f"tiny {args.style} target written to {build_tiny_target(args.out, args.style)}")
+
+
+if __name__ == "__main__":
+    main()

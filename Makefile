@@ -1,0 +1,35 @@
+# make test / make demo: each creates .venv if missing, installs torch first (a CPU build here;
+# override with e.g. `make test TORCH=torch==2.14.1`), then eyas with its dev extras.
+TORCH ?= torch==2.13.0
+TRANSFORMERS ?=
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+PYTEST_ARGS ?=
+
+.PHONY: setup test test-transformers4 demo clean
+
+# Reinstalls only when the torch spec, the transformers pin or pyproject.toml changed.
+setup:
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	@want="$(TORCH) $(TRANSFORMERS) $$(sha256sum pyproject.toml | cut -c1-16)"; \
+	if [ "$$(cat $(VENV)/.eyas-installed 2>/dev/null)" != "$$want" ]; then \
+	  $(BIN)/python -m pip install -q "$(TORCH)" && \
+	  $(BIN)/python -m pip install -q -e ".[dev]" $(if $(TRANSFORMERS),"$(TRANSFORMERS)") && \
+	  echo "$$want" > $(VENV)/.eyas-installed; \
+	fi
+
+test: setup
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+# The same suite against the oldest supported transformers line (4.57.x), in its own venv.
+test-transformers4:
+	$(MAKE) test VENV=.venv-transformers4 TRANSFORMERS="transformers==4.57.*"
+
+demo: setup
+	$(BIN)/python -m eyas.testing.tiny runs/demo/target --style chatml
+	$(BIN)/eyas prepare --config examples/demo.yaml
+	@echo "files in runs/demo/dataset:" && ls -l runs/demo/dataset
+
+clean:
+	rm -rf runs/demo .pytest_cache
