@@ -191,3 +191,14 @@ def test_datasets_dir_input(tiny_targets, run_cli, tmp_path: Path) -> None:
     result = run_cli(*prepare_args(tiny_targets["qwen3"], tmp_path / "hf", tmp_path / "ds"))
     assert result.code == 0, result.err
     assert [r["source"] for r in read_rows(tmp_path / "ds")] == [f"{tmp_path / 'hf'}:row0", f"{tmp_path / 'hf'}:row1"]
+
+
+def test_leftovers_of_a_run_killed_before_its_first_progress_are_cleared(tiny_targets, run_cli, tmp_path: Path) -> None:
+    out = tmp_path / "ds"
+    out.mkdir()
+    (out / "data-00000.parquet").write_bytes(b"half a shard")
+    (out / ".data-00001.parquet.tmp-123").write_bytes(b"partial")
+    data = write_jsonl(tmp_path / "in.jsonl", GOOD)
+    result = run_cli(*prepare_args(tiny_targets["chatml"], data, out))
+    assert result.code == 0, result.err
+    assert len(read_rows(out)) == 3 and not list(out.glob(".*tmp*"))

@@ -24,7 +24,7 @@ from eyas.data import dataset as ds
 from eyas.data.chat_tokens import ChatEncoder, Encoded
 from eyas.data.records import Conversation, Document, Prompt, parse_record
 from eyas.data.sources import RawRecord, count_records, expand_inputs, read_records
-from eyas.data.vocab import cached_draft_vocab, save_draft_vocab
+from eyas.data.vocab import CACHE_DIR, cached_draft_vocab, save_draft_vocab
 from eyas.errors import EyasError, InputError
 from eyas.files import sha256_file, sha256_text, sha256_tree, write_atomic, write_json_atomic, write_text_atomic
 from eyas.progress import stage_progress
@@ -58,14 +58,20 @@ def _run_key(config: PrepareConfig, target: TargetFingerprint, inputs: list[dict
     return sha256_text(json.dumps(decisive, sort_keys=True, default=str))
 
 
-_OWN_FILES = ("data-*.parquet", "prompts-*.jsonl", ds.MANIFEST, ds.PROGRESS, ds.TOKEN_COUNTS, ds.VOCAB, "config.yaml")
+_OWN_FILES = ("data-*.parquet", "prompts-*.jsonl", ds.MANIFEST, ds.PROGRESS, ds.TOKEN_COUNTS, ds.VOCAB, "config.yaml",
+              ".*.tmp-*", CACHE_DIR)
+
+
+def _is_own(path: Path) -> bool:
+    return any(path.match(pattern) for pattern in _OWN_FILES)
 
 
 def _clear_output(out: Path) -> None:
-    for pattern in _OWN_FILES:
-        for path in out.glob(pattern):
+    for path in filter(_is_own, out.iterdir()):
+        if path.is_dir():
+            shutil.rmtree(path)
+        else:
             path.unlink()
-    shutil.rmtree(out / "vocab-cache", ignore_errors=True)
 
 
 def _claim_output(config: PrepareConfig, run_key: str) -> tuple[ds.DatasetManifest | None, list[ds.ShardStats]]:
@@ -74,21 +80,19 @@ def _claim_output(config: PrepareConfig, run_key: str) -> tuple[ds.DatasetManife
     if out.exists() and not out.is_dir():
         raise EyasError(f"{out}: exists and is not a directory (--out)")
     out.mkdir(parents=True, exist_ok=True)
+    for stale in out.glob(".*.tmp-*"):  # left by a killed writer
+        stale.unlink()
     manifest = ds.read_manifest(out) if (out / ds.MANIFEST).is_file() else None
     progress = ds.read_progress(out)
     existing_key = manifest.run_key if manifest else progress.run_key if progress else None
-    if existing_key is not None and existing_key != run_key:
-        if not config.overwrite:
-            raise EyasError(
-                f"{out}: holds a dataset prepared from other inputs or settings; use another --out or --overwrite"
-            )
-        _clear_output(out)
-        return None, []
-    if existing_key is None and any(p.name != "config.yaml" for p in out.iterdir()):
-        if not config.overwrite:
-            raise EyasError(f"{out}: is not empty and holds no eyas dataset; use another --out or --overwrite")
-        _clear_output(out)
-    return manifest, progress.shards if progress else []
+    if existing_key == run_key:
+        return manifest, progress.shards if progress else []
+    if existing_key is not None and not config.overwrite:
+        raise EyasError(f"{out}: holds a dataset prepared from other inputs or settings; use another --out or --overwrite")
+    if existing_key is None and not config.overwrite and not all(map(_is_own, out.iterdir())):
+        raise EyasError(f"{out}: is not empty and holds no eyas dataset; use another --out or --overwrite")
+    _clear_output(out)  # another run's dataset (with --overwrite), or shards of a run killed before its first record
+    return None, []
 
 
 class _ShardBuilder:
