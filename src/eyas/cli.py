@@ -66,6 +66,90 @@ def prepare(
     print_prepare_summary(stage_config.out, manifest, reused)
 
 
+preflight_app = typer.Typer(help="Check a stage before any weights load: configs, files, engine APIs, a meta-device dry run.",
+                             no_args_is_help=True)
+app.add_typer(preflight_app, name="preflight")
+
+
+def _extract_flags(target: Optional[Path], data: Optional[Path], out: Optional[Path], layers: Optional[str],
+                   layer_convention: Optional[str], storage_dtype: Optional[str], dtype: Optional[str],
+                   device: Optional[str]) -> dict[str, object]:
+    parsed_layers = None
+    if layers is not None:
+        try:
+            parsed_layers = [int(part) for part in layers.split(",") if part.strip()]
+        except ValueError:
+            raise EyasError(f"--layers {layers!r}: expected comma-separated integers, e.g. 2,16,29") from None
+    return {"target": target, "data": data, "out": out, "layers": parsed_layers, "layer_convention": layer_convention,
+            "storage_dtype": storage_dtype, "dtype": dtype, "device": device}
+
+
+TargetOption = Annotated[Optional[Path], typer.Option(help="Local Hugging Face model dir.")]
+DatasetOption = Annotated[Optional[Path], typer.Option(help="Dataset dir written by `eyas prepare`.")]
+StoreOutOption = Annotated[Optional[Path], typer.Option(help="Feature store dir to write.")]
+LayersOption = Annotated[Optional[str], typer.Option(help="Aux layer ids, e.g. 2,16,29 (needs --layer-convention).")]
+ConventionOption = Annotated[Optional[str], typer.Option(help="input (EAGLE/vLLM: input of layer k) or output (SGLang).")]
+StorageOption = Annotated[Optional[str], typer.Option(help="bf16 (default), fp8 (e4m3, per-token scales) or fp32.")]
+DtypeOption = Annotated[Optional[str], typer.Option(help="Dtype the target runs in: bfloat16, float16, float32.")]
+DeviceOption = Annotated[Optional[str], typer.Option(help="cpu, cuda, cuda:N or auto (spread over GPUs).")]
+
+
+@app.command()
+def extract(
+    target: TargetOption = None, data: DatasetOption = None, out: StoreOutOption = None, layers: LayersOption = None,
+    layer_convention: ConventionOption = None, storage_dtype: StorageOption = None, dtype: DtypeOption = None,
+    device: DeviceOption = None,
+    token_budget: Annotated[Optional[int], typer.Option(help="Padded tokens per forward batch.")] = None,
+    overwrite: Annotated[Optional[bool], typer.Option("--overwrite", help="Replace a different store in --out.")] = None,
+    no_preflight: Annotated[bool, typer.Option("--no-preflight", help="Skip the weightless preflight.")] = False,
+    config: ConfigOption = None,
+    overrides: Overrides = None,
+) -> None:
+    """Run the target over a prepared dataset and store the EAGLE-3 features (resumable, torchrun-aware)."""
+    from eyas.config import ExtractConfig, load_stage_config
+    from eyas.features.extract import run_extract
+    from eyas.features.preflight import ExtractPlan
+    from eyas.reports import print_extract_summary
+
+    flags = _extract_flags(target, data, out, layers, layer_convention, storage_dtype, dtype, device)
+    flags.update({"token_budget": token_budget, "overwrite": overwrite, "preflight": False if no_preflight else None})
+    stage_config = load_stage_config(ExtractConfig, "extract", config, flags, overrides)
+    plan = None if stage_config.preflight else ExtractPlan()
+    manifest, reused = run_extract(stage_config, plan)
+    print_extract_summary(stage_config.out, manifest, reused)
+
+
+@app.command()
+def verify(store: Annotated[Path, typer.Argument(help="Feature store dir.")]) -> None:
+    """Recompute every checksum of a feature store and check it against its manifest (exit 1 on any problem)."""
+    from eyas.features.store import verify_store
+
+    problems = verify_store(store)
+    for problem in problems:
+        print(f"eyas verify: {problem}", file=sys.stderr)
+    if problems:
+        raise typer.Exit(1)
+    print(f"{store}: ok (every shard checksum and shape matches the manifest)")
+
+
+@preflight_app.command("extract")
+def preflight_extract_command(
+    target: TargetOption = None, data: DatasetOption = None, out: StoreOutOption = None, layers: LayersOption = None,
+    layer_convention: ConventionOption = None, storage_dtype: StorageOption = None, dtype: DtypeOption = None,
+    device: DeviceOption = None, config: ConfigOption = None, overrides: Overrides = None,
+) -> None:
+    """Check an extraction without loading weights: meta-device capture dry run, files, disk (exit 1 on problems)."""
+    from eyas.config import ExtractConfig, load_stage_config
+    from eyas.features.preflight import preflight_extract
+    from eyas.reports import print_preflight
+
+    flags = _extract_flags(target, data, out, layers, layer_convention, storage_dtype, dtype, device)
+    plan = preflight_extract(load_stage_config(ExtractConfig, "extract", config, flags, overrides))
+    print_preflight(plan.facts, plan.problems)
+    if plan.problems:
+        raise typer.Exit(1)
+
+
 def main() -> None:
     """Entry point: run the app; user errors print one line on stderr and exit 2."""
     try:

@@ -10,7 +10,7 @@ its output (`config.yaml`), which `--config` accepts as is.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationError
@@ -45,6 +45,26 @@ class PrepareConfig(StageConfig):
     records_per_shard: PositiveInt = Field(10_000, description="input records per Parquet shard (resume unit)")
     batch_size: PositiveInt = Field(512, description="records tokenized per batch")
     trust_remote_code: bool = Field(False, description="allow custom tokenizer code from the target directory")
+
+
+class ExtractConfig(StageConfig):
+    """`eyas extract`: dataset -> feature store of auxiliary and last hidden states."""
+
+    target: Path = Field(description="local Hugging Face model directory")
+    data: Path = Field(description="dataset directory written by `eyas prepare`")
+    out: Path = Field(description="feature store directory to write")
+    layers: list[int] | None = Field(None, description="auxiliary layer ids (default: EAGLE-3's 3 layers)")
+    layer_convention: Literal["input", "output"] | None = Field(
+        None, description="how --layers counts: input of layer k (EAGLE, vLLM) or output of layer k (SGLang)"
+    )
+    storage_dtype: Literal["bf16", "fp8", "fp32"] = Field("bf16", description="dtype of stored features")
+    dtype: Literal["bfloat16", "float16", "float32"] = Field("bfloat16", description="dtype the target runs in")
+    device: str | None = Field(None, description="cpu, cuda, cuda:N or auto (device_map over GPUs); default cuda if present")
+    token_budget: PositiveInt = Field(8192, description="padded tokens per forward batch")
+    shard_tokens: PositiveInt = Field(65536, description="tokens per store shard (host memory grows with this)")
+    overwrite: bool = Field(False, description="discard an existing, different store in --out")
+    preflight: bool = Field(True, description="run the weightless preflight before loading weights")
+    trust_remote_code: bool = Field(False, description="allow custom model code from the target directory")
 
 
 Config = TypeVar("Config", bound=StageConfig)

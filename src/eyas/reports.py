@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rich.console import Console
 from rich.table import Table
 
-from eyas.data.dataset import DatasetManifest
+if TYPE_CHECKING:  # keeps torch out of `eyas prepare`'s imports
+    from eyas.data.dataset import DatasetManifest
+    from eyas.features.store import StoreManifest
 
 console = Console()
 
@@ -32,3 +35,26 @@ def print_prepare_summary(out: Path, manifest: DatasetManifest, reused: bool) ->
     console.print(f"wrote {len(files)} shard file(s) and {', '.join(extra)} in {out}")
     for example in manifest.skipped_examples[:5]:
         console.print(f"  skipped {example}", highlight=False, soft_wrap=True)
+
+
+def print_extract_summary(out: Path, manifest: StoreManifest, reused: bool) -> None:
+    """Print what `eyas extract` wrote (or found already finished) in `out`."""
+    table = Table(title=f"eyas extract -> {out}" + (" (already extracted; reused)" if reused else ""), show_header=False)
+    table.add_column(style="bold")
+    table.add_column(justify="right")
+    table.add_row("samples", f"{manifest.samples:,}")
+    table.add_row("tokens", f"{manifest.tokens:,}")
+    table.add_row("shards", f"{len(manifest.shards):,}")
+    table.add_row("bytes written", f"{manifest.bytes / 2**20:,.1f} MiB")
+    table.add_row("bytes/token", f"{manifest.bytes_per_token:,.1f} ({manifest.storage_dtype})")
+    table.add_row("aux layers (input of layer k)", str(manifest.layer_ids))
+    console.print(table)
+
+
+def print_preflight(facts: dict[str, str], problems: list[str]) -> None:
+    """Print a preflight report: what was checked, then every problem (or ok)."""
+    for key, value in facts.items():
+        console.print(f"[bold]{key}[/bold]: {value}", highlight=False, soft_wrap=True)
+    for problem in problems:
+        console.print(f"[red]problem[/red]: {problem}", highlight=False, soft_wrap=True)
+    console.print("[green]preflight ok[/green]" if not problems else f"[red]{len(problems)} problem(s)[/red]")

@@ -151,3 +151,40 @@ def read_progress(dataset_dir: Path) -> Progress | None:
         return Progress.model_validate(json.loads(path.read_text(encoding="utf-8")))
     except (json.JSONDecodeError, ValidationError) as exc:
         raise EyasError(f"{path}: unreadable progress file ({str(exc).splitlines()[0]}); rerun with --overwrite") from None
+
+
+class DatasetReader:
+    """Random access by global row index to the samples of a finished dataset, in dataset order."""
+
+    def __init__(self, dataset_dir: Path) -> None:
+        self.dir = dataset_dir
+        self.manifest = read_manifest(dataset_dir)
+        self.files = [dataset_dir / s.data_file for s in self.manifest.shards if s.data_file]
+        missing = [str(p) for p in self.files if not p.is_file()]
+        if missing:
+            raise EyasError(f"{missing[0]}: listed in {dataset_dir / MANIFEST} but missing")
+        counts = [pq.ParquetFile(p).metadata.num_rows for p in self.files]
+        self.starts = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)  # [files+1]
+        self._cached: tuple[int, pa.Table] | None = None
+
+    def __len__(self) -> int:
+        return int(self.starts[-1])
+
+    def lengths(self) -> np.ndarray:
+        """Return `[S] int64`: the token count of every sample, read from the list offsets only."""
+        parts = [pq.read_table(p, columns=["input_ids"]).column("input_ids").combine_chunks() for p in self.files]
+        return np.concatenate([np.diff(c.offsets.to_numpy()) for c in parts] or [np.zeros(0)]).astype(np.int64)
+
+    def _table(self, file_index: int) -> pa.Table:
+        if self._cached is None or self._cached[0] != file_index:
+            self._cached = (file_index, pq.read_table(self.files[file_index], columns=["input_ids", "loss_mask"]))
+        return self._cached[1]
+
+    def row(self, index: int) -> tuple[np.ndarray, np.ndarray]:
+        """Return `(input_ids [T] int32, loss_mask [T] bool)` of global row `index`."""
+        file_index = int(np.searchsorted(self.starts, index, side="right")) - 1
+        table = self._table(file_index)
+        local = index - int(self.starts[file_index])
+        ids = table.column("input_ids")[local].values.to_numpy(zero_copy_only=False, writable=True)
+        mask = table.column("loss_mask")[local].values.to_numpy(zero_copy_only=False, writable=True)
+        return ids, mask

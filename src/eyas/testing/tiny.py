@@ -83,11 +83,26 @@ _SPECIALS: dict[Style, tuple[list[str], str | None, str, str, str]] = {
 }
 
 
-def build_tiny_target(out: Path, style: Style = "chatml", vocab_size: int = 512, with_template: bool = True) -> Path:
-    """Write a tiny model directory (tokenizer files + config.json) for `style` to `out`; return `out`.
+# config overrides that make each architecture tiny (MLA + MoE for DeepSeek-V3, as Kimi-K2 uses)
+ARCHITECTURES: dict[str, dict[str, object]] = {
+    "llama": {}, "qwen3": {}, "mistral": {}, "qwen2": {},
+    "qwen3_moe": {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32, "decoder_sparse_step": 1},
+    "deepseek_v3": {"n_routed_experts": 4, "num_experts_per_tok": 2, "n_shared_experts": 1, "moe_intermediate_size": 32,
+                    "first_k_dense_replace": 1, "n_group": 2, "topk_group": 1, "q_lora_rank": 32, "kv_lora_rank": 16,
+                    "qk_rope_head_dim": 8, "qk_nope_head_dim": 8, "v_head_dim": 16, "num_key_value_heads": 4,
+                    "rope_scaling": None},
+    "gemma2": {"head_dim": 16}, "phi3": {}, "gpt_neox": {},
+}
+
+
+def build_tiny_target(out: Path, style: Style = "chatml", vocab_size: int = 512, with_template: bool = True,
+                      architecture: str | None = None, with_weights: bool = False, num_layers: int = 8,
+                      seed: int = 0) -> Path:
+    """Write a tiny model directory (tokenizer files + config.json, and random weights when asked) to `out`.
 
     The BPE is trained on a small built-in corpus with byte-level pre-tokenization, so any text
     tokenizes. `config.json` declares a vocabulary padded to a multiple of 64, as real models do.
+    `architecture` is a transformers model_type from ARCHITECTURES (default: the style's own).
     """
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import AutoConfig, PreTrainedTokenizerFast
@@ -108,11 +123,24 @@ def build_tiny_target(out: Path, style: Style = "chatml", vocab_size: int = 512,
     out.mkdir(parents=True, exist_ok=True)
     tokenizer.save_pretrained(str(out))
     padded_vocab = -(-len(tokenizer) // 64) * 64
-    config = AutoConfig.for_model(
-        model_type, vocab_size=padded_vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048, tie_word_embeddings=False,
-    )
-    config.save_pretrained(str(out))
+    model_type = architecture or model_type
+    sizes: dict[str, object] = {
+        "vocab_size": padded_vocab, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": num_layers,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 2048,
+        "tie_word_embeddings": False,
+    }
+    config = AutoConfig.for_model(model_type, **{**sizes, **ARCHITECTURES[model_type]})
+    if with_weights:
+        import torch
+        from transformers import AutoModelForCausalLM
+
+        torch.manual_seed(seed)
+        model = AutoModelForCausalLM.from_config(config).to(torch.float32)
+        for parameter in model.parameters():  # wider than the default init, so layers differ visibly
+            torch.nn.init.normal_(parameter, std=0.2) if parameter.dim() > 1 else None
+        model.save_pretrained(str(out))
+    else:
+        config.save_pretrained(str(out))
     return out
 
 
@@ -123,8 +151,11 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description="Write a tiny offline target (tokenizer, chat template, config).")
     parser.add_argument("out", type=Path)
     parser.add_argument("--style", choices=STYLES, default="chatml")
+    parser.add_argument("--architecture", choices=sorted(ARCHITECTURES), default=None)
+    parser.add_argument("--with-weights", action="store_true", help="also write random weights (safetensors)")
     args = parser.parse_args(argv)
-    print(f"tiny {args.style} target written to {build_tiny_target(args.out, args.style)}")
+    written = build_tiny_target(args.out, args.style, architecture=args.architecture, with_weights=args.with_weights)
+    print(f"tiny {args.style} target written to {written}")
 
 
 if __name__ == "__main__":

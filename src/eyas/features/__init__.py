@@ -1,0 +1,1 @@
+"""The feature store (sharded safetensors + manifest) and the extraction loop that fills it."""

@@ -1,0 +1,223 @@
+"""The `eyas extract` stage: run the target over a prepared dataset and fill the feature store.
+
+Samples are cut, in dataset order, into shards of about `shard_tokens` tokens (the plan depends
+only on sample lengths). Within a shard, samples are batched longest-first under a padded-token
+budget, so host and device memory grow with the budget and the shard size, never with the
+dataset. Shards are written atomically and recorded in a per-rank progress file; a killed run
+resumes at the first unfinished shard and ends byte-identical to an uninterrupted run.
+Under `torchrun`, rank r takes shards r, r+K, r+2K, ...; rank 0 merges the manifest.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from pydantic import BaseModel
+
+from eyas import __version__
+from eyas.config import ExtractConfig, write_resolved_config
+from eyas.data.dataset import DatasetReader
+from eyas.errors import EyasError
+from eyas.features import store
+from eyas.features.preflight import ExtractPlan, preflight_extract
+from eyas.files import sha256_text, write_json_atomic
+from eyas.progress import stage_progress
+from eyas.target.capture import FeatureCapture
+from eyas.target.load import DTYPES, load_target
+
+_PROGRESS = "progress-rank{rank}.json"
+
+
+class _RankProgress(BaseModel):
+    run_key: str
+    shards: list[store.ShardInfo]
+
+
+@dataclass(frozen=True)
+class Ranks:
+    rank: int
+    world: int
+
+    @property
+    def distributed(self) -> bool:
+        return self.world > 1
+
+
+def plan_shards(lengths: np.ndarray, shard_tokens: int) -> list[tuple[int, int]]:
+    """Return contiguous `[start, stop)` sample ranges of about `shard_tokens` tokens each (at least one sample)."""
+    ranges, start, tokens = [], 0, 0
+    for index, length in enumerate(lengths.tolist()):
+        if tokens and tokens + length > shard_tokens:
+            ranges.append((start, index))
+            start, tokens = index, 0
+        tokens += length
+    if start < len(lengths):
+        ranges.append((start, len(lengths)))
+    return ranges
+
+
+def length_batches(lengths: list[int], token_budget: int) -> list[list[int]]:
+    """Return batches of positions, longest first, each with `len(batch) * longest <= token_budget`
+    (a sample longer than the budget runs alone)."""
+    order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
+    batches: list[list[int]] = []
+    for position in order:
+        if batches and (len(batches[-1]) + 1) * lengths[batches[-1][0]] <= token_budget:
+            batches[-1].append(position)
+        else:
+            batches.append([position])
+    return batches
+
+
+def _ranks() -> Ranks:
+    return Ranks(int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1")))
+
+
+def _run_key(config: ExtractConfig, plan: ExtractPlan) -> str:
+    decisive = {
+        "format_version": store.FORMAT_VERSION, "dataset": plan.dataset.fingerprint, "target": plan.target.id,
+        "aux_ids": plan.aux_ids, "storage_dtype": config.storage_dtype, "dtype": config.dtype,
+        "token_budget": config.token_budget, "shard_tokens": config.shard_tokens,
+    }
+    return sha256_text(json.dumps(decisive, sort_keys=True))
+
+
+def _claim_output(config: ExtractConfig, run_key: str) -> None:
+    """Keep `out` when it holds (part of) this run; clear it (with --overwrite) or refuse other contents."""
+    out = config.out
+    out.mkdir(parents=True, exist_ok=True)
+    for stale in out.glob(".*.tmp-*"):
+        stale.unlink()
+    keys = set()
+    manifest = store.read_store_manifest(out) if (out / store.MANIFEST).is_file() else None
+    if manifest:
+        keys.add(manifest.run_key)
+    for path in out.glob("progress-rank*.json"):
+        keys.add(json.loads(path.read_text(encoding="utf-8")).get("run_key"))
+    own = ("shard-*.safetensors", "progress-rank*.json", store.MANIFEST, "config.yaml")
+    foreign = [p for p in out.iterdir() if not any(p.match(pattern) for pattern in own)]
+    if keys == {run_key}:
+        return
+    if (keys or foreign) and not config.overwrite:
+        what = "a store extracted with other inputs or settings" if keys else "files that are not an eyas store"
+        raise EyasError(f"{out}: holds {what}; use another --out or --overwrite")
+    for path in out.iterdir():
+        if any(path.match(pattern) for pattern in own[:3]):
+            path.unlink()
+
+
+def _barrier(ranks: Ranks) -> None:
+    if ranks.distributed:
+        torch.distributed.barrier()
+
+
+def _shard_features(capture: FeatureCapture, reader: DatasetReader, span: tuple[int, int], budget: int,
+                    device: str) -> Iterator[tuple[int, store.SampleFeatures]]:
+    """Yield `(tokens, features)` for the samples of one shard, computed in length-sorted batches."""
+    rows = [reader.row(i) for i in range(*span)]
+    lengths = [len(ids) for ids, _ in rows]
+    for batch in length_batches(lengths, budget):
+        longest = lengths[batch[0]]
+        input_ids = torch.zeros(len(batch), longest, dtype=torch.long)  # [B, T] right-padded
+        attention = torch.zeros(len(batch), longest, dtype=torch.long)  # [B, T]
+        for row, position in enumerate(batch):
+            input_ids[row, :lengths[position]] = torch.from_numpy(rows[position][0].astype(np.int64))
+            attention[row, :lengths[position]] = 1
+        first_device = device if device != "auto" else "cuda:0"
+        captured = capture.run(input_ids.to(first_device), attention.to(first_device))
+        for row, position in enumerate(batch):
+            length = lengths[position]
+            yield length, store.SampleFeatures(
+                sample_id=span[0] + position,
+                input_ids=torch.from_numpy(rows[position][0]),
+                loss_mask=torch.from_numpy(rows[position][1].astype(bool)),
+                aux=captured.aux[row, :length].cpu(),  # [T, A*H]
+                last=captured.last[row, :length].cpu(),  # [T, H]
+            )
+
+
+def _merge(config: ExtractConfig, plan: ExtractPlan, run_key: str, world: int, shard_count: int) -> store.StoreManifest:
+    shards: list[store.ShardInfo] = []
+    for rank in range(world):
+        path = config.out / _PROGRESS.format(rank=rank)
+        if path.is_file():
+            shards += _RankProgress.model_validate_json(path.read_text(encoding="utf-8")).shards
+    shards.sort(key=lambda s: s.index)
+    if [s.index for s in shards] != list(range(shard_count)):
+        raise EyasError(f"{config.out}: {shard_count - len(shards)} shard(s) unfinished; rerun the same command to resume")
+    tokens = sum(s.tokens for s in shards)
+    size = sum(s.bytes for s in shards)
+    manifest = store.StoreManifest(
+        eyas_version=__version__, run_key=run_key, target_path=str(config.target), target=plan.target,
+        dataset_path=str(config.data), dataset_fingerprint=plan.dataset.fingerprint, layer_ids=plan.aux_ids,
+        requested_layers={"ids": config.layers, "convention": config.layer_convention},
+        num_layers=plan.num_layers, hidden_size=plan.hidden_size, storage_dtype=config.storage_dtype,
+        compute_dtype=config.dtype, samples=sum(s.samples for s in shards), tokens=tokens, bytes=size,
+        bytes_per_token=round(size / max(tokens, 1), 2), shards=shards,
+    )
+    write_json_atomic(config.out / store.MANIFEST, manifest.model_dump(mode="json"))
+    for rank in range(world):
+        (config.out / _PROGRESS.format(rank=rank)).unlink(missing_ok=True)
+    return manifest
+
+
+def run_extract(config: ExtractConfig, plan: ExtractPlan | None = None) -> tuple[store.StoreManifest, bool]:
+    """Extract (or resume, or reuse) the store in `config.out`; return its manifest and whether it was reused.
+
+    Runs the weightless preflight first (unless `plan` is given or preflight is off) and refuses
+    to load weights when it finds any problem.
+    """
+    ranks = _ranks()
+    plan = plan or preflight_extract(config)
+    if not plan.ok:
+        raise EyasError(f"preflight found {len(plan.problems)} problem(s): " + " | ".join(plan.problems))
+    run_key = _run_key(config, plan)
+    if ranks.distributed and not torch.distributed.is_initialized():
+        torch.distributed.init_process_group("nccl" if plan.device.startswith("cuda") else "gloo")
+    device = f"cuda:{os.environ.get('LOCAL_RANK', '0')}" if ranks.distributed and plan.device == "cuda" else plan.device
+    if ranks.rank == 0:
+        _claim_output(config, run_key)
+        write_resolved_config(config, "extract", config.out)
+    _barrier(ranks)
+    if (config.out / store.MANIFEST).is_file():  # claimed: a manifest left in place is this very run's
+        return store.read_store_manifest(config.out), True
+
+    reader = DatasetReader(config.data)
+    spans = plan_shards(reader.lengths(), config.shard_tokens)
+    progress_path = config.out / _PROGRESS.format(rank=ranks.rank)
+    progress = (_RankProgress.model_validate_json(progress_path.read_text(encoding="utf-8"))
+                if progress_path.is_file() else _RankProgress(run_key=run_key, shards=[]))
+    done = {s.index for s in progress.shards}
+    mine = [i for i in range(len(spans)) if i % ranks.world == ranks.rank and i not in done]
+    if mine:
+        parts = load_target(config.target, DTYPES[config.dtype], device, config.trust_remote_code)
+        started, tokens_done, bytes_done = time.monotonic(), 0, 0
+        with stage_progress() as bar, FeatureCapture(parts, plan.aux_ids) as capture:
+            total = sum(spans[i][1] - spans[i][0] for i in mine)
+            task = bar.add_task(f"extract (rank {ranks.rank})" if ranks.distributed else "extract", total=total, rate="")
+            for index in mine:
+                samples = []
+                for tokens, features in _shard_features(capture, reader, spans[index], config.token_budget, device):
+                    samples.append(features)
+                    tokens_done += tokens
+                    rate = tokens_done / max(time.monotonic() - started, 1e-9)
+                    bar.update(task, advance=1, rate=f"{rate:,.0f} tok/s, {bytes_done / 2**20:,.0f} MiB written")
+                samples.sort(key=lambda s: s.sample_id)
+                info = store.write_shard(config.out / store.shard_name(index), index, samples,
+                                         config.storage_dtype, len(plan.aux_ids))
+                bytes_done += info.bytes
+                progress.shards.append(info)
+                write_json_atomic(progress_path, progress.model_dump(mode="json"))
+    _barrier(ranks)
+    manifest = _merge(config, plan, run_key, ranks.world, len(spans)) if ranks.rank == 0 else None
+    _barrier(ranks)
+    if ranks.rank != 0:
+        manifest = store.read_store_manifest(config.out)
+    return manifest, False

@@ -1,0 +1,204 @@
+"""The feature store: sharded safetensors of per-token features, and a manifest.
+
+Each shard `shard-CCCCC.safetensors` holds a contiguous range of dataset samples, packed:
+  input_ids  [N] int32        loss_mask [N] bool
+  offsets    [S+1] int64      sample_ids [S] int64   (dataset row index of each sample)
+  aux        [N, A*H]         the A auxiliary hidden states, concatenated (A = len(layer_ids))
+  last       [N, H]           the last layer's output before the final norm (teacher input)
+  aux_scale  [N, A] float32   last_scale [N, 1] float32   (fp8 storage only, see fp8.py)
+where N is the shard's token count and S its sample count. `manifest.json` lists every shard
+with its sha256; `eyas verify` recomputes them and checks the files against the manifest.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import torch
+from pydantic import BaseModel, Field, ValidationError
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+from eyas.errors import EyasError
+from eyas.features import fp8
+from eyas.files import sha256_file, write_atomic
+from eyas.target.fingerprint import TargetFingerprint
+
+FORMAT_VERSION = 1
+MANIFEST = "manifest.json"
+StorageDtype = Literal["bf16", "fp8", "fp32"]
+TORCH_STORAGE = {"bf16": torch.bfloat16, "fp32": torch.float32, "fp8": fp8.FP8}
+_METADATA_KEY = "eyas.features"
+
+
+def shard_name(index: int) -> str:
+    return f"shard-{index:05d}.safetensors"
+
+
+def bytes_per_token(hidden_size: int, num_aux: int, storage: StorageDtype) -> int:
+    """Return the stored bytes per token: features, ids, mask and (fp8) scales."""
+    width = {"bf16": 2, "fp32": 4, "fp8": 1}[storage]
+    scales = 4 * (num_aux + 1) if storage == "fp8" else 0
+    return (num_aux + 1) * hidden_size * width + scales + 4 + 1
+
+
+@dataclass
+class SampleFeatures:
+    """Features of one sample: `input_ids [T]`, `loss_mask [T]`, `aux [T, A*H]`, `last [T, H]`."""
+
+    sample_id: int
+    input_ids: torch.Tensor
+    loss_mask: torch.Tensor
+    aux: torch.Tensor
+    last: torch.Tensor
+
+
+class ShardInfo(BaseModel):
+    index: int
+    file: str
+    sha256: str
+    samples: int
+    tokens: int
+    bytes: int
+    first_sample: int
+
+
+class StoreManifest(BaseModel):
+    """`manifest.json` of a finished feature store."""
+
+    kind: str = "eyas.features"
+    format_version: int = FORMAT_VERSION
+    eyas_version: str
+    run_key: str
+    target_path: str
+    target: TargetFingerprint
+    dataset_path: str
+    dataset_fingerprint: str
+    layer_ids: list[int] = Field(description="auxiliary layer ids in layer_convention")
+    layer_convention: Literal["input"] = "input"
+    requested_layers: dict[str, object] = Field(description="the ids and convention as the user gave them")
+    num_layers: int
+    hidden_size: int
+    storage_dtype: StorageDtype
+    compute_dtype: str
+    samples: int
+    tokens: int
+    bytes: int
+    bytes_per_token: float
+    shards: list[ShardInfo]
+
+
+def write_shard(path: Path, index: int, samples: list[SampleFeatures], storage: StorageDtype, num_aux: int) -> ShardInfo:
+    """Atomically write `samples` (in order) as one shard; return its manifest entry."""
+    lengths = torch.tensor([len(s.input_ids) for s in samples], dtype=torch.int64)
+    tensors = {
+        "input_ids": torch.cat([s.input_ids for s in samples]).to(torch.int32),  # [N]
+        "loss_mask": torch.cat([s.loss_mask for s in samples]).to(torch.bool),  # [N]
+        "offsets": torch.cat([torch.zeros(1, dtype=torch.int64), lengths.cumsum(0)]),  # [S+1]
+        "sample_ids": torch.tensor([s.sample_id for s in samples], dtype=torch.int64),  # [S]
+    }
+    aux = torch.cat([s.aux for s in samples])  # [N, A*H]
+    last = torch.cat([s.last for s in samples])  # [N, H]
+    if storage == "fp8":
+        tensors["aux"], tensors["aux_scale"] = fp8.quantize(aux, num_aux)
+        tensors["last"], tensors["last_scale"] = fp8.quantize(last, 1)
+    else:
+        tensors["aux"], tensors["last"] = aux.to(TORCH_STORAGE[storage]), last.to(TORCH_STORAGE[storage])
+    metadata = {_METADATA_KEY: json.dumps({"index": index, "storage_dtype": storage, "num_aux": num_aux}, sort_keys=True)}
+    tensors = {name: t.contiguous() for name, t in tensors.items()}
+    write_atomic(path, lambda tmp: save_file(tensors, str(tmp), metadata=metadata))
+    return ShardInfo(index=index, file=path.name, sha256=sha256_file(path), samples=len(samples),
+                     tokens=int(lengths.sum()), bytes=path.stat().st_size, first_sample=samples[0].sample_id)
+
+
+class FeatureShard:
+    """Memory-mapped read access to one shard; features come back dequantized in float32."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._file = safe_open(str(path), framework="pt")
+        info = json.loads((self._file.metadata() or {}).get(_METADATA_KEY, "{}"))
+        self.storage: StorageDtype = info.get("storage_dtype", "bf16")
+        self.offsets = self._file.get_tensor("offsets")  # [S+1]
+        self.sample_ids = self._file.get_tensor("sample_ids")  # [S]
+
+    def __len__(self) -> int:
+        return len(self.sample_ids)
+
+    def tensor(self, name: str) -> torch.Tensor:
+        """Return a whole packed tensor, features dequantized to float32 for fp8 shards."""
+        value = self._file.get_tensor(name)
+        if name in ("aux", "last") and self.storage == "fp8":
+            return fp8.dequantize(value, self._file.get_tensor(f"{name}_scale"))
+        return value
+
+    def sample(self, position: int) -> dict[str, torch.Tensor]:
+        """Return the tensors of the shard's `position`-th sample (features in float32)."""
+        start, stop = int(self.offsets[position]), int(self.offsets[position + 1])
+        out = {}
+        for name in ("input_ids", "loss_mask", "aux", "last"):
+            sliced = self._file.get_slice(name)[start:stop]
+            if name in ("aux", "last"):
+                if self.storage == "fp8":
+                    sliced = fp8.dequantize(sliced, self._file.get_slice(f"{name}_scale")[start:stop])
+                sliced = sliced.float()
+            out[name] = sliced
+        return out
+
+
+def read_store_manifest(store: Path) -> StoreManifest:
+    """Return the manifest of a finished store; refuses a missing or unreadable one."""
+    path = store / MANIFEST
+    if not path.is_file():
+        raise EyasError(f"{path}: not found; is {store} a finished `eyas extract` output?")
+    try:
+        return StoreManifest.model_validate(json.loads(path.read_text(encoding="utf-8")))
+    except (json.JSONDecodeError, ValidationError) as exc:
+        raise EyasError(f"{path}: not a valid eyas feature-store manifest: {str(exc).splitlines()[0]}") from None
+
+
+def verify_store(store: Path) -> list[str]:
+    """Return every problem found in `store` (empty when it is intact).
+
+    Recomputes each shard's sha256 and checks the manifest's counts, tensor shapes and dtypes
+    against the files, and that no shard file is missing or unlisted.
+    """
+    try:
+        manifest = read_store_manifest(store)
+    except EyasError as error:
+        return [str(error)]
+    problems: list[str] = []
+    width = len(manifest.layer_ids) * manifest.hidden_size
+    feature_dtype = TORCH_STORAGE[manifest.storage_dtype]
+    listed = {s.file for s in manifest.shards}
+    problems += [f"{p}: shard file not listed in the manifest" for p in sorted(store.glob("shard-*.safetensors"))
+                 if p.name not in listed]
+    for info in manifest.shards:
+        path = store / info.file
+        if not path.is_file():
+            problems.append(f"{path}: missing")
+            continue
+        if sha256_file(path) != info.sha256:
+            problems.append(f"{path}: sha256 mismatch (file changed or corrupted)")
+            continue
+        with safe_open(str(path), framework="pt") as handle:
+            shapes = {name: handle.get_slice(name).get_shape() for name in handle.keys()}
+            dtypes = {name: handle.get_slice(name).get_dtype() for name in ("aux", "last")}
+        expected = {"input_ids": [info.tokens], "loss_mask": [info.tokens], "offsets": [info.samples + 1],
+                    "sample_ids": [info.samples], "aux": [info.tokens, width], "last": [info.tokens, manifest.hidden_size]}
+        for name, shape in expected.items():
+            if shapes.get(name) != shape:
+                problems.append(f"{path}: {name}: shape {shapes.get(name)} but the manifest implies {shape}")
+        stored = str(feature_dtype).removeprefix("torch.")
+        names = {"bfloat16": "BF16", "float32": "F32", "float8_e4m3fn": "F8_E4M3"}
+        for name, dtype in dtypes.items():
+            if dtype != names[stored]:
+                problems.append(f"{path}: {name}: dtype {dtype} but the manifest says {manifest.storage_dtype}")
+    if sum(s.samples for s in manifest.shards) != manifest.samples:
+        problems.append(f"{store / MANIFEST}: samples: {manifest.samples} but the shards hold {sum(s.samples for s in manifest.shards)}")
+    if sum(s.tokens for s in manifest.shards) != manifest.tokens:
+        problems.append(f"{store / MANIFEST}: tokens: {manifest.tokens} but the shards hold {sum(s.tokens for s in manifest.shards)}")
+    return problems

@@ -1,0 +1,89 @@
+"""Loading targets: config without weights, the weightless (meta-device) model, and real weights."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from eyas.errors import EyasError
+from eyas.target.fingerprint import read_model_config
+from eyas.target.parts import TargetParts, locate_parts
+
+DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+_CUDA_ONLY_QUANT = {"fp8", "fbgemm_fp8", "gptq", "awq", "marlin", "exl2", "hqq", "eetq", "fp_quant", "mxfp4"}
+
+
+def load_config(target: Path, trust_remote_code: bool = False) -> Any:
+    """Return the transformers config of a local model dir (reads config.json only)."""
+    read_model_config(target)
+    from transformers import AutoConfig
+
+    try:
+        return AutoConfig.from_pretrained(str(target), local_files_only=True, trust_remote_code=trust_remote_code)
+    except Exception as exc:  # unknown model_type, custom code refused, ...
+        raise EyasError(f"{target / 'config.json'}: transformers cannot read it: {str(exc).strip().splitlines()[0]}") from None
+
+
+def weight_problems(target: Path) -> list[str]:
+    """Return problems with the weight files of `target` (none listed, or shards named by the index missing)."""
+    indexes = sorted(target.glob("*.index.json"))
+    if indexes:
+        listed = set(json.loads(indexes[0].read_text(encoding="utf-8")).get("weight_map", {}).values())
+        return [f"{target / name}: missing (listed in {indexes[0].name})" for name in sorted(listed)
+                if not (target / name).is_file()]
+    if not any(target.glob("*.safetensors")) and not any(target.glob("*.bin")):
+        return [f"{target}: no weight files (*.safetensors or *.bin)"]
+    return []
+
+
+def quantization_problems(config: Any, device: str) -> list[str]:
+    """Return why this machine cannot load the target's quantized weights (empty if it can)."""
+    quant = getattr(config, "quantization_config", None)
+    if not quant:
+        return []
+    method = (quant.get("quant_method") if isinstance(quant, dict) else getattr(quant, "quant_method", None)) or "?"
+    method = str(getattr(method, "value", method))
+    problems = []
+    if method in _CUDA_ONLY_QUANT and (device == "cpu" or not torch.cuda.is_available()):
+        problems.append(f"quantization_config: {method} weights need a CUDA device; this run has {device}")
+    if method == "compressed-tensors" and importlib.util.find_spec("compressed_tensors") is None:
+        problems.append("quantization_config: compressed-tensors weights need the `compressed-tensors` package")
+    return problems
+
+
+def build_meta_target(config: Any, dtype: torch.dtype) -> TargetParts:
+    """Return the target's parts built from its config on the meta device: no weights read or allocated."""
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    return locate_parts(model.to(dtype).eval())
+
+
+def resolve_device(device: str | None) -> str:
+    """Return the device to run on: `cuda` when available and none was asked for, else `cpu`."""
+    if device is None:
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise EyasError(f"device: {device} asked for, but torch sees no CUDA device")
+    return device
+
+
+def load_target(target: Path, dtype: torch.dtype, device: str, trust_remote_code: bool = False) -> TargetParts:
+    """Return the parts of the target with its weights, in eval mode on `device` (`auto` spreads it over GPUs)."""
+    from transformers import AutoModelForCausalLM
+
+    try:
+        model = AutoModelForCausalLM.from_pretrained(
+            str(target), dtype=dtype, local_files_only=True, trust_remote_code=trust_remote_code,
+            device_map="auto" if device == "auto" else None,
+        )
+    except Exception as exc:  # corrupt shard, OOM, unsupported architecture, ...
+        raise EyasError(f"{target}: loading the weights failed: {str(exc).strip().splitlines()[0]}") from None
+    if device != "auto":
+        model = model.to(device)
+    return locate_parts(model.eval())
