@@ -59,3 +59,38 @@ def write_jsonl(path: Path, records: Iterable[object]) -> Path:
 def chat(*turns: tuple[str, str]) -> dict[str, list[dict[str, str]]]:
     """Return an OpenAI-format record from (role, content) pairs."""
     return {"messages": [{"role": role, "content": content} for role, content in turns]}
+
+
+@pytest.fixture(scope="session")
+def weighted_target(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]:
+    """Return a builder of tiny fp32 targets with random weights, one per architecture, cached for the session."""
+    root = tmp_path_factory.mktemp("weighted")
+    built: dict[str, Path] = {}
+
+    def build(architecture: str = "llama") -> Path:
+        if architecture not in built:
+            built[architecture] = build_tiny_target(root / architecture, "chatml", architecture=architecture,
+                                                    with_weights=True)
+        return built[architecture]
+
+    return build
+
+
+@pytest.fixture(scope="session")
+def prepared(tmp_path_factory: pytest.TempPathFactory) -> Callable[[Path], Path]:
+    """Return a builder of the example dataset (examples/data) prepared for a target, cached per target."""
+    from eyas.config import PrepareConfig
+    from eyas.data.prepare import run_prepare
+
+    root = tmp_path_factory.mktemp("prepared")
+    built: dict[Path, Path] = {}
+    examples = Path(__file__).resolve().parents[1] / "examples" / "data"
+
+    def build(target: Path) -> Path:
+        if target not in built:
+            out = root / f"{target.parent.name}-{target.name}"
+            run_prepare(PrepareConfig(target=target, data=[examples], out=out))
+            built[target] = out
+        return built[target]
+
+    return build

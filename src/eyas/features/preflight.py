@@ -24,7 +24,7 @@ from eyas.features.store import bytes_per_token
 from eyas.target.capture import FeatureCapture, teacher_logits
 from eyas.target.fingerprint import TargetFingerprint, target_fingerprint
 from eyas.target.layers import default_aux_layers, from_input_convention, to_input_convention
-from eyas.target.load import DTYPES, build_meta_target, load_config, quantization_problems, resolve_device, weight_problems
+from eyas.target.load import build_meta_target, load_config, quantization_problems, resolve_device, weight_problems
 from eyas.target.tokenizer import load_tokenizer
 
 _META_BATCH, _META_TOKENS = 2, 16
@@ -68,8 +68,14 @@ def _writable(out: Path) -> str | None:
     return None
 
 
-def _dry_run(plan: ExtractPlan, dtype: torch.dtype) -> None:
-    """Build the target on meta, run capture and the teacher on a meta batch, check every shape and dtype."""
+def _dry_run(plan: ExtractPlan) -> None:
+    """Build the target on meta, run capture and the teacher on a meta batch, check every shape and dtype.
+
+    The meta model runs in bfloat16 whatever the extraction dtype: some meta kernels (grouped_mm,
+    used by MoE experts) exist only for bf16, and shapes do not depend on the dtype. The check
+    that captured features keep the model's dtype holds for any dtype.
+    """
+    dtype = torch.bfloat16
     started = time.perf_counter()
     try:
         parts = build_meta_target(plan.hf_config, dtype)
@@ -105,7 +111,6 @@ def _dry_run(plan: ExtractPlan, dtype: torch.dtype) -> None:
 def preflight_extract(config: ExtractConfig) -> ExtractPlan:
     """Return the plan of an extraction with every problem found before loading weights (none: ok)."""
     plan = ExtractPlan()
-    dtype = DTYPES[config.dtype]
     try:
         plan.device = resolve_device(config.device)
     except EyasError as error:
@@ -141,7 +146,7 @@ def preflight_extract(config: ExtractConfig) -> ExtractPlan:
         if plan.aux_ids:
             plan.facts["aux layers"] = (f"{plan.aux_ids} as inputs of layers (vLLM ids); "
                                         f"{from_input_convention(plan.aux_ids, 'output')} as outputs (SGLang ids)")
-            _dry_run(plan, dtype)
+            _dry_run(plan)
     if plan.dataset and plan.hidden_size and plan.aux_ids:
         per_token = bytes_per_token(plan.hidden_size, len(plan.aux_ids), config.storage_dtype)
         needed = plan.dataset.counts.get("tokens", 0) * per_token

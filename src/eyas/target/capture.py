@@ -57,7 +57,7 @@ class FeatureCapture:
         self._handles = []
         self._seen = {}
 
-    @torch.inference_mode()
+    @torch.no_grad()  # not inference_mode: online training feeds these tensors into autograd
     def run(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> Captured:
         """Return the features of `input_ids [B, T]` (`attention_mask` 2-D padding mask, or a 4-D mask)."""
         self._seen = {}
@@ -68,11 +68,13 @@ class FeatureCapture:
         return Captured(aux, last)
 
 
+@torch.no_grad()
 def teacher_logits(parts: TargetParts, last: torch.Tensor) -> torch.Tensor:
     """Return the target's logits `[..., V]` from stored pre-norm last hidden states `[..., H]`.
 
     Applies the final norm, the LM head, and final-logit soft-capping where the config has it
-    (Gemma 2/3), so the result equals the model's own logits.
+    (Gemma 2/3), so the result equals the model's own logits. The teacher is a constant of
+    training: no graph is recorded.
     """
     logits = parts.lm_head(parts.final_norm(last.to(parts.lm_head.weight.dtype)))  # [..., V]
     cap = getattr(parts.model.config, "final_logit_softcapping", None)

@@ -127,7 +127,8 @@ def build_tiny_target(out: Path, style: Style = "chatml", vocab_size: int = 512,
     sizes: dict[str, object] = {
         "vocab_size": padded_vocab, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": num_layers,
         "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 2048,
-        "tie_word_embeddings": False,
+        "tie_word_embeddings": False, "pad_token_id": tokenizer.pad_token_id, "eos_token_id": tokenizer.eos_token_id,
+        "bos_token_id": tokenizer.bos_token_id,
     }
     config = AutoConfig.for_model(model_type, **{**sizes, **ARCHITECTURES[model_type]})
     if with_weights:
