@@ -73,12 +73,15 @@ SEED = 1234
 Batch = tuple[torch.Tensor, torch.Tensor, list[int], list[int]]  # input_ids [B, T], mask [B, T], lengths, sample ids
 
 
-def build_target(out: Path, hidden: int, layers: int) -> Path:
-    """Write a Llama target to `out`: the tiny chatml tokenizer and random weights (fixed seed) of the given sizes."""
+def build_target(out: Path, hidden: int, layers: int, vocab: int | None) -> Path:
+    """Write a Llama target to `out`: the tiny chatml tokenizer and random weights (fixed seed) of the given sizes.
+
+    `vocab` (at least the tokenizer's) sets the LM head's rows; None keeps the tokenizer's padded size.
+    """
     from transformers import LlamaConfig, LlamaForCausalLM
 
     build_tiny_target(out, "chatml", with_weights=False)
-    vocab = json.loads((out / "config.json").read_text(encoding="utf-8"))["vocab_size"]
+    vocab = vocab or json.loads((out / "config.json").read_text(encoding="utf-8"))["vocab_size"]
     heads = max(1, hidden // 64)
     config = LlamaConfig(
         vocab_size=vocab, hidden_size=hidden, intermediate_size=hidden * 11 // 4, num_hidden_layers=layers,
@@ -115,9 +118,11 @@ def padded_batches(reader: DatasetReader, shard_tokens: int, budget: int) -> lis
     return batches
 
 
-def capture_loop(capture: FeatureCapture, reader: DatasetReader, spans: list[tuple[int, int]], budget: int) -> int:
-    """Run eyas's capture loop over every shard span; return the tokens captured."""
-    return sum(tokens for span in spans for tokens, _ in _shard_features(capture, reader, span, budget, "cpu"))
+def capture_loop(parts: TargetParts, aux_ids: list[int], reader: DatasetReader, spans: list[tuple[int, int]],
+                 budget: int) -> int:
+    """Run eyas's capture loop (hooks on) over every shard span; return the tokens captured."""
+    with FeatureCapture(parts, aux_ids) as capture:
+        return sum(tokens for span in spans for tokens, _ in _shard_features(capture, reader, span, budget, "cpu"))
 
 
 @torch.inference_mode()
@@ -157,6 +162,8 @@ def main() -> None:
     parser.add_argument("--seq-len", type=int, default=512, help="max_length of the prepared samples")
     parser.add_argument("--hidden", type=int, default=512, help="hidden size of the target (64 per head)")
     parser.add_argument("--layers", type=int, default=8, help="decoder layers of the target")
+    parser.add_argument("--vocab", type=int, default=None,
+                        help="vocabulary rows of the target (LM head size; default: the tiny tokenizer's, 512)")
     parser.add_argument("--dtype", choices=sorted(DTYPES), default="float32", help="dtype the target runs in")
     parser.add_argument("--token-budget", type=int, default=8192, help="padded tokens per forward batch")
     parser.add_argument("--threads", type=int, default=2, help="torch intra-op threads")
@@ -166,7 +173,7 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory(prefix="eyas-bench-extract-") as tmp_name:
         tmp = Path(tmp_name)
-        target = build_target(tmp / "target", args.hidden, args.layers)
+        target = build_target(tmp / "target", args.hidden, args.layers, args.vocab)
         data = prepare_dataset(tmp, target, args.samples, args.seq_len)
         reader = DatasetReader(data)
 
@@ -190,41 +197,41 @@ def main() -> None:
         parts = load_target(target, DTYPES[args.dtype], "cpu")
         naive_bytes: list[int] = []
         bf16_manifests: list[store.StoreManifest] = []
+        first = batches[0]
         with FeatureCapture(parts, aux_ids) as capture:
-            first = batches[0]
             capture.run(first[0], first[1])
-            bare_forward(parts, [first])
-            naive_loop(parts, [first], reader, aux_ids, tmp / "naive-warmup")
+        bare_forward(parts, [first])
+        naive_loop(parts, [first], reader, aux_ids, tmp / "naive-warmup")
 
-            def run_end_to_end(attempt: int) -> int:
-                manifest, reused = run_extract(config("bf16", f"store-bf16-{attempt}"))
-                assert not reused
-                bf16_manifests.append(manifest)
-                shutil.rmtree(tmp / f"store-bf16-{attempt}")
-                return manifest.tokens
+        def run_end_to_end(attempt: int) -> int:
+            manifest, reused = run_extract(config("bf16", f"store-bf16-{attempt}"))
+            assert not reused
+            bf16_manifests.append(manifest)
+            shutil.rmtree(tmp / f"store-bf16-{attempt}")
+            return manifest.tokens
 
-            def run_naive(attempt: int) -> int:
-                out = tmp / f"naive-{attempt}"
-                tokens = naive_loop(parts, batches, reader, aux_ids, out)
-                naive_bytes.append(directory_bytes(out))
-                shutil.rmtree(out)
-                return tokens
+        def run_naive(attempt: int) -> int:
+            out = tmp / f"naive-{attempt}"
+            tokens = naive_loop(parts, batches, reader, aux_ids, out)
+            naive_bytes.append(directory_bytes(out))
+            shutil.rmtree(out)
+            return tokens
 
-            methods: dict[str, Callable[[int], int]] = {
-                "eyas_run_extract_end_to_end": run_end_to_end,
-                "eyas_capture_loop": lambda _: capture_loop(capture, reader, spans, args.token_budget),
-                "bare_forward": lambda _: bare_forward(parts, batches),
-                "naive_output_hidden_states_torch_save": run_naive,
-            }
-            best: dict[str, float] = dict.fromkeys(methods, float("inf"))
-            tokens: dict[str, int] = {}
-            load: dict[str, float] = {}
-            for attempt in range(args.repeat):
-                for method, run in methods.items():
-                    started = time.perf_counter()
-                    tokens[method] = run(attempt)
-                    best[method] = min(best[method], time.perf_counter() - started)
-                    load[method] = max(load.get(method, 0.0), os.getloadavg()[0])
+        methods: dict[str, Callable[[int], int]] = {
+            "eyas_run_extract_end_to_end": run_end_to_end,
+            "eyas_capture_loop": lambda _: capture_loop(parts, aux_ids, reader, spans, args.token_budget),
+            "bare_forward": lambda _: bare_forward(parts, batches),
+            "naive_output_hidden_states_torch_save": run_naive,
+        }
+        best: dict[str, float] = dict.fromkeys(methods, float("inf"))
+        tokens: dict[str, int] = {}
+        load: dict[str, float] = {}
+        for attempt in range(args.repeat):
+            for method, run in methods.items():
+                started = time.perf_counter()
+                tokens[method] = run(attempt)
+                best[method] = min(best[method], time.perf_counter() - started)
+                load[method] = max(load.get(method, 0.0), os.getloadavg()[0])
 
         assert len(set(tokens.values())) == 1, f"methods counted different tokens: {tokens}"
         rates = {method: tokens[method] / best[method] for method in methods}

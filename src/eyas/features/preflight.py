@@ -24,7 +24,7 @@ from eyas.features.store import bytes_per_token
 from eyas.target.capture import FeatureCapture, teacher_logits
 from eyas.target.fingerprint import TargetFingerprint, target_fingerprint
 from eyas.target.layers import default_aux_layers, from_input_convention, to_input_convention
-from eyas.target.load import build_meta_target, load_config, quantization_problems, resolve_device, weight_problems
+from eyas.target.load import build_meta_target, load_config, meta_execution, quantization_problems, resolve_device, weight_problems
 from eyas.target.tokenizer import load_tokenizer
 
 _META_BATCH, _META_TOKENS = 2, 16
@@ -89,9 +89,9 @@ def _dry_run(plan: ExtractPlan) -> None:
     # a ready 4-D causal mask: transformers' 2-D mask preprocessing inspects values, which meta has none of
     mask = torch.ones(_META_BATCH, 1, _META_TOKENS, _META_TOKENS, dtype=torch.bool, device="meta").tril()
     try:
-        with FeatureCapture(parts, plan.aux_ids) as capture:
+        with meta_execution(), FeatureCapture(parts, plan.aux_ids) as capture:
             captured = capture.run(ids, mask)
-        logits = teacher_logits(parts, captured.last)
+            logits = teacher_logits(parts, captured.last)
     except Exception as exc:  # the capture path itself broke: exactly what preflight is for
         plan.problems.append(f"capture dry run on {type(parts.model).__name__}: {type(exc).__name__}: {exc}")
         return

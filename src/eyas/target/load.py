@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -62,6 +64,32 @@ def build_meta_target(config: Any, dtype: torch.dtype) -> TargetParts:
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config)
     return locate_parts(model.to(dtype).eval())
+
+
+@contextlib.contextmanager
+def meta_execution() -> Iterator[None]:
+    """Let a meta-device forward pass through two things meta tensors cannot do on their own.
+
+    - `torch.autocast(device_type="meta")`, which transformers 4.x rotary embeddings open, is
+      run as a CPU autocast (they only use it to turn autocast off);
+    - `nonzero` (MoE expert dispatch loops in transformers 4.x) returns the all-nonzero shape, so
+      every expert runs once: shapes stay exact, no value is read.
+    Both patches are undone on exit.
+    """
+    original = torch.autocast
+
+    class MetaSafeAutocast(original):  # type: ignore[misc, valid-type]
+        def __init__(self, device_type: str, *args: Any, **kwargs: Any) -> None:
+            super().__init__("cpu" if device_type == "meta" else device_type, *args, **kwargs)
+
+    from torch.fx.experimental import _config as fx_config
+
+    torch.autocast = MetaSafeAutocast
+    try:
+        with fx_config.patch(meta_nonzero_assume_all_nonzero=True):
+            yield
+    finally:
+        torch.autocast = original
 
 
 def resolve_device(device: str | None) -> str:
