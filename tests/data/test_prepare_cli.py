@@ -142,7 +142,7 @@ def test_tokenizer_without_chat_template(tiny_targets, run_cli, tmp_path: Path) 
 
 @pytest.mark.parametrize(("what", "message"), [
     ("data", "missing.jsonl: no such file or directory (--data)"),
-    ("target", "no_model: no such model directory (--target)"),
+    ("target", "no_model: no such model directory or GGUF file (--target)"),
     ("target_file", "not a directory; --target takes a local Hugging Face model directory"),
     ("target_no_config", "config.json: not found"),
 ])

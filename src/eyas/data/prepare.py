@@ -208,7 +208,7 @@ def run_prepare(config: PrepareConfig) -> tuple[ds.DatasetManifest, bool]:
     """
     inputs_paths = expand_inputs(config.data)
     tokenizer = load_tokenizer(config.target, config.trust_remote_code)
-    target = target_fingerprint(config.target, tokenizer.chat_template)
+    target = target_fingerprint(config.target, tokenizer)
     inputs = [{"path": str(p), "sha256": sha256_tree(p)} for p in inputs_paths]
     run_key = _run_key(config, target, inputs)
     finished, done = _claim_output(config, run_key)

@@ -122,7 +122,7 @@ def preflight_extract(config: ExtractConfig) -> ExtractPlan:
     try:
         plan.hf_config = load_config(config.target, config.trust_remote_code)
         tokenizer = load_tokenizer(config.target, config.trust_remote_code)
-        plan.target = target_fingerprint(config.target, tokenizer.chat_template)
+        plan.target = target_fingerprint(config.target, tokenizer)
     except EyasError as error:
         plan.problems.append(str(error))
     if plan.dataset and plan.target and not plan.dataset.target.tokenization_matches(plan.target):

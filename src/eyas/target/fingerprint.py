@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
+import importlib.util
 import json
 from pathlib import Path
 from typing import Any
@@ -48,12 +50,42 @@ def _combined(parts: list[tuple[str, str]]) -> str:
     return digest.hexdigest()
 
 
+def is_gguf(target: Path) -> bool:
+    """Return True when the target is a single GGUF file (read through transformers' gguf support)."""
+    return target.suffix == ".gguf"
+
+
+def hf_location(target: Path) -> tuple[str, dict[str, str]]:
+    """Return the `(path, extra kwargs)` that transformers' `from_pretrained` takes for this target."""
+    return (str(target.parent), {"gguf_file": target.name}) if is_gguf(target) else (str(target), {})
+
+
+def config_source(target: Path) -> Path:
+    """Return the file a target's config comes from (for error messages)."""
+    return target if is_gguf(target) else target / "config.json"
+
+
+@functools.lru_cache(maxsize=4)
+def _gguf_config(target: Path) -> dict[str, Any]:
+    if importlib.util.find_spec("gguf") is None:
+        raise EyasError(f"{target}: GGUF targets need the `gguf` package: pip install 'eyas[gguf]'")
+    from transformers import AutoConfig
+
+    path, kwargs = hf_location(target)
+    try:
+        return AutoConfig.from_pretrained(path, local_files_only=True, **kwargs).to_dict()
+    except Exception as exc:  # unsupported GGUF architecture or a corrupt file
+        raise EyasError(f"{target}: transformers cannot read this GGUF file: {str(exc).strip().splitlines()[0]}") from None
+
+
 def read_model_config(target: Path) -> dict[str, Any]:
-    """Return the parsed `config.json` of a model directory; refuses a missing or invalid one."""
+    """Return the config of a model directory (`config.json`) or GGUF file; refuses a missing or invalid one."""
     if not target.exists():
-        raise EyasError(f"{target}: no such model directory (--target)")
+        raise EyasError(f"{target}: no such model directory or GGUF file (--target)")
+    if target.is_file() and is_gguf(target):
+        return _gguf_config(target.absolute())
     if not target.is_dir():
-        raise EyasError(f"{target}: not a directory; --target takes a local Hugging Face model directory")
+        raise EyasError(f"{target}: not a directory; --target takes a local Hugging Face model directory or a .gguf file")
     path = target / "config.json"
     if not path.is_file():
         raise EyasError(f"{path}: not found; --target takes a local Hugging Face model directory")
@@ -72,20 +104,24 @@ def config_vocab_size(target: Path, config: dict[str, Any]) -> int:
         size = section.get("vocab_size")
         if isinstance(size, int) and size > 0:
             return size
-    raise EyasError(f"{target / 'config.json'}: vocab_size: missing (also looked in text_config)")
+    raise EyasError(f"{config_source(target)}: vocab_size: missing (also looked in text_config)")
 
 
-def target_fingerprint(target: Path, chat_template: str | None) -> TargetFingerprint:
-    """Return the fingerprint of a local model directory and the chat template in effect."""
+def target_fingerprint(target: Path, tokenizer: Any) -> TargetFingerprint:
+    """Return the fingerprint of a local model directory or GGUF file, with its loaded tokenizer."""
     config = read_model_config(target)
-    tokenizer_parts = [(n, sha256_file(target / n)) for n in TOKENIZER_FILES if (target / n).is_file()]
-    weight_parts = [
-        (p.name, str(p.stat().st_size)) for p in sorted(target.iterdir()) if p.suffix in WEIGHT_SUFFIXES
-    ] + [(p.name, sha256_file(p)) for p in sorted(target.glob("*.index.json"))]
+    if is_gguf(target):  # the tokenizer lives inside the file: hash its full serialization
+        tokenizer_parts = [("tokenizer.json", sha256_text(tokenizer.backend_tokenizer.to_str()))]
+        weight_parts = [(target.name, str(target.stat().st_size))]
+    else:
+        tokenizer_parts = [(n, sha256_file(target / n)) for n in TOKENIZER_FILES if (target / n).is_file()]
+        weight_parts = [
+            (p.name, str(p.stat().st_size)) for p in sorted(target.iterdir()) if p.suffix in WEIGHT_SUFFIXES
+        ] + [(p.name, sha256_file(p)) for p in sorted(target.glob("*.index.json"))]
     parts = {
-        "config": sha256_text(json.dumps(config, sort_keys=True)),
+        "config": sha256_text(json.dumps(config, sort_keys=True, default=str)),
         "tokenizer": _combined(tokenizer_parts),
-        "chat_template": sha256_text(chat_template or ""),
+        "chat_template": sha256_text(tokenizer.chat_template or ""),
         "weights": _combined(weight_parts),
         "vocab_size": config_vocab_size(target, config),
     }

@@ -12,7 +12,7 @@ from typing import Any
 import torch
 
 from eyas.errors import EyasError
-from eyas.target.fingerprint import read_model_config
+from eyas.target.fingerprint import hf_location, is_gguf, read_model_config
 from eyas.target.parts import TargetParts, locate_parts
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
@@ -21,17 +21,21 @@ _CUDA_ONLY_QUANT = {"fp8", "fbgemm_fp8", "gptq", "awq", "marlin", "exl2", "hqq",
 
 def load_config(target: Path, trust_remote_code: bool = False) -> Any:
     """Return the transformers config of a local model dir (reads config.json only)."""
-    read_model_config(target)
+    raw = read_model_config(target)
     from transformers import AutoConfig
 
     try:
+        if is_gguf(target):  # already parsed from the file once: rebuild rather than parse again
+            return AutoConfig.for_model(**raw)
         return AutoConfig.from_pretrained(str(target), local_files_only=True, trust_remote_code=trust_remote_code)
     except Exception as exc:  # unknown model_type, custom code refused, ...
-        raise EyasError(f"{target / 'config.json'}: transformers cannot read it: {str(exc).strip().splitlines()[0]}") from None
+        raise EyasError(f"{target}: transformers cannot read its config: {str(exc).strip().splitlines()[0]}") from None
 
 
 def weight_problems(target: Path) -> list[str]:
     """Return problems with the weight files of `target` (none listed, or shards named by the index missing)."""
+    if is_gguf(target):
+        return []  # the weights are the file itself, which read_model_config has opened
     indexes = sorted(target.glob("*.index.json"))
     if indexes:
         listed = set(json.loads(indexes[0].read_text(encoding="utf-8")).get("weight_map", {}).values())
@@ -102,13 +106,17 @@ def resolve_device(device: str | None) -> str:
 
 
 def load_target(target: Path, dtype: torch.dtype, device: str, trust_remote_code: bool = False) -> TargetParts:
-    """Return the parts of the target with its weights, in eval mode on `device` (`auto` spreads it over GPUs)."""
+    """Return the parts of the target with its weights, in eval mode on `device` (`auto` spreads it over GPUs).
+
+    A GGUF target is dequantized by transformers into `dtype` while loading.
+    """
     from transformers import AutoModelForCausalLM
 
+    path, kwargs = hf_location(target)
     try:
         model = AutoModelForCausalLM.from_pretrained(
-            str(target), dtype=dtype, local_files_only=True, trust_remote_code=trust_remote_code,
-            device_map="auto" if device == "auto" else None,
+            path, dtype=dtype, local_files_only=True, trust_remote_code=trust_remote_code,
+            device_map="auto" if device == "auto" else None, **kwargs,
         )
     except Exception as exc:  # corrupt shard, OOM, unsupported architecture, ...
         raise EyasError(f"{target}: loading the weights failed: {str(exc).strip().splitlines()[0]}") from None
