@@ -151,3 +151,16 @@ def test_batches_respect_the_token_budget_and_shards_cover_every_sample() -> Non
     assert all(lengths[b[0]] == max(lengths[p] for p in b) for b in batches)
     spans = plan_shards(torch.tensor(lengths).numpy(), 100)
     assert spans[0][0] == 0 and spans[-1][1] == 8 and all(a[1] == b[0] for a, b in zip(spans, spans[1:]))
+
+
+def test_quantized_checkpoints_that_cannot_load_here_are_named_before_loading(weighted_target, prepared, run_cli,
+                                                                               tmp_path: Path) -> None:
+    source = weighted_target("llama")
+    data = prepared(source)
+    target = tmp_path / "fp8-model"
+    shutil.copytree(source, target)
+    config = json.loads((target / "config.json").read_text())
+    config["quantization_config"] = {"quant_method": "fp8", "weight_block_size": [128, 128]}
+    (target / "config.json").write_text(json.dumps(config))
+    err = preflight_problem(run_cli, *extract_args(target, data, tmp_path / "store", "--device", "cpu"))
+    assert "quantization_config: fp8 weights need a CUDA device; this run has cpu" in err
