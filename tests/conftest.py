@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
 import sys
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -94,3 +98,18 @@ def prepared(tmp_path_factory: pytest.TempPathFactory) -> Callable[[Path], Path]
         return built[target]
 
     return build
+
+
+def kill_9_when(command: list[str], marker: Path, env: dict[str, str] | None = None, timeout: float = 180) -> None:
+    """Start `command`, SIGKILL it as soon as `marker` exists, and wait for it to die.
+
+    Fails when the command finishes before the marker appears (nothing was interrupted).
+    """
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
+    deadline = time.monotonic() + timeout
+    while not marker.exists():
+        assert process.poll() is None, f"finished before it could be killed: {process.stderr.read()!r}"
+        assert time.monotonic() < deadline, f"{marker} did not appear within {timeout}s"
+        time.sleep(0.01)
+    os.kill(process.pid, signal.SIGKILL)
+    process.wait()

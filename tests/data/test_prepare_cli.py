@@ -81,7 +81,7 @@ def test_changed_inputs_refuse_the_old_output_unless_overwritten(tiny_targets, r
     old_vocab = load_file(str(out / "vocab.safetensors"))["d2t"].tolist()
     write_jsonl(data, GOOD[:1] * 3)
     refused = run_cli(*prepare_args(tiny_targets["chatml"], data, out))
-    assert refused.code == 2 and "holds a dataset prepared from other inputs or settings" in refused.err
+    assert refused.code == 2 and "holds an eyas dataset made from other inputs or settings; use another --out or --overwrite" in refused.err
     redone = run_cli(*prepare_args(tiny_targets["chatml"], data, out, "--overwrite", "--draft-vocab-size", "30"))
     assert redone.code == 0 and len(read_rows(out)) == 3
     assert load_file(str(out / "vocab.safetensors"))["d2t"].tolist() != old_vocab  # cache not reused
@@ -168,7 +168,7 @@ def test_out_dir_with_foreign_files_is_not_clobbered(tiny_targets, run_cli, tmp_
     (out / "precious.txt").write_text("keep me")
     data = write_jsonl(tmp_path / "in.jsonl", GOOD)
     result = run_cli(*prepare_args(tiny_targets["chatml"], data, out))
-    assert result.code == 2 and "is not empty and holds no eyas dataset" in result.err
+    assert result.code == 2 and "holds files that are not an eyas dataset; use another --out or --overwrite" in result.err
     assert (out / "precious.txt").read_text() == "keep me"
 
 

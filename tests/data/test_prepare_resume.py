@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-import os
 import random
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
-from conftest import chat, write_jsonl
+from conftest import chat, kill_9_when, write_jsonl
 
 WORDS = "the quick brown fox jumps over a lazy dog while speculative decoding drafts tokens for targets".split()
 
@@ -39,14 +36,7 @@ def test_kill_9_then_resume_is_byte_identical_to_an_uninterrupted_run(tiny_targe
     clean, killed = tmp_path / "clean", tmp_path / "killed"
     subprocess.run(prepare_command(target, data, clean), check=True, capture_output=True)
 
-    process = subprocess.Popen(prepare_command(target, data, killed), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    deadline = time.monotonic() + 120
-    while not (killed / "progress.json").exists():
-        assert process.poll() is None, f"finished before it could be killed: {process.stderr.read()}"
-        assert time.monotonic() < deadline
-        time.sleep(0.01)
-    os.kill(process.pid, signal.SIGKILL)
-    process.wait()
+    kill_9_when(prepare_command(target, data, killed), killed / "progress.json")
     assert not (killed / "manifest.json").exists()
     finished_before_kill = len(list(killed.glob("data-*.parquet")))
     assert 0 < finished_before_kill < 32

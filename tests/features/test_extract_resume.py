@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
-from conftest import chat, write_jsonl
+from conftest import chat, kill_9_when, write_jsonl
 
 from eyas.config import PrepareConfig
 from eyas.data.prepare import run_prepare
@@ -48,15 +46,7 @@ def test_kill_9_then_resume_is_byte_identical(workload, tmp_path: Path) -> None:
     target, data = workload
     clean, killed = tmp_path / "clean", tmp_path / "killed"
     subprocess.run(extract_command(target, data, clean), check=True, capture_output=True, env=environment())
-    process = subprocess.Popen(extract_command(target, data, killed), stdout=subprocess.DEVNULL,
-                               stderr=subprocess.PIPE, env=environment())
-    deadline = time.monotonic() + 180
-    while not (killed / "progress-rank0.json").exists():
-        assert process.poll() is None, f"finished before it could be killed: {process.stderr.read()}"
-        assert time.monotonic() < deadline
-        time.sleep(0.01)
-    os.kill(process.pid, signal.SIGKILL)
-    process.wait()
+    kill_9_when(extract_command(target, data, killed), killed / "progress-rank0.json", env=environment())
     assert not (killed / "manifest.json").exists()
     subprocess.run(extract_command(target, data, killed), check=True, capture_output=True, env=environment())
     expected = shard_bytes(clean)

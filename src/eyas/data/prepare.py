@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import shutil
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
@@ -27,6 +26,7 @@ from eyas.data.sources import RawRecord, count_records, expand_inputs, read_reco
 from eyas.data.vocab import CACHE_DIR, cached_draft_vocab, save_draft_vocab
 from eyas.errors import EyasError, InputError
 from eyas.files import sha256_file, sha256_text, sha256_tree, write_atomic, write_json_atomic, write_text_atomic
+from eyas.outputs import claim_output_dir
 from eyas.progress import stage_progress
 from eyas.target.fingerprint import TargetFingerprint, target_fingerprint
 from eyas.target.tokenizer import load_tokenizer
@@ -59,39 +59,16 @@ def _run_key(config: PrepareConfig, target: TargetFingerprint, inputs: list[dict
 
 
 _OWN_FILES = ("data-*.parquet", "prompts-*.jsonl", ds.MANIFEST, ds.PROGRESS, ds.TOKEN_COUNTS, ds.VOCAB, "config.yaml",
-              ".*.tmp-*", CACHE_DIR)
-
-
-def _is_own(path: Path) -> bool:
-    return any(path.match(pattern) for pattern in _OWN_FILES)
-
-
-def _clear_output(out: Path) -> None:
-    for path in filter(_is_own, out.iterdir()):
-        if path.is_dir():
-            shutil.rmtree(path)
-        else:
-            path.unlink()
+              CACHE_DIR)
 
 
 def _claim_output(config: PrepareConfig, run_key: str) -> tuple[ds.DatasetManifest | None, list[ds.ShardStats]]:
-    """Return (finished manifest or None, finished shards) for `out`; refuse to clobber other data."""
-    out = config.out
-    if out.exists() and not out.is_dir():
-        raise EyasError(f"{out}: exists and is not a directory (--out)")
-    out.mkdir(parents=True, exist_ok=True)
-    for stale in out.glob(".*.tmp-*"):  # left by a killed writer
-        stale.unlink()
-    manifest = ds.read_manifest(out) if (out / ds.MANIFEST).is_file() else None
-    progress = ds.read_progress(out)
-    existing_key = manifest.run_key if manifest else progress.run_key if progress else None
-    if existing_key == run_key:
+    """Return (finished manifest or None, finished shards) of this run in `out`; refuse to clobber other data."""
+    manifest = ds.read_manifest(config.out) if (config.out / ds.MANIFEST).is_file() else None
+    progress = ds.read_progress(config.out)
+    keys = {found.run_key for found in (manifest, progress) if found is not None}
+    if claim_output_dir(config.out, run_key, keys, _OWN_FILES, config.overwrite, "an eyas dataset"):
         return manifest, progress.shards if progress else []
-    if existing_key is not None and not config.overwrite:
-        raise EyasError(f"{out}: holds a dataset prepared from other inputs or settings; use another --out or --overwrite")
-    if existing_key is None and not config.overwrite and not all(map(_is_own, out.iterdir())):
-        raise EyasError(f"{out}: is not empty and holds no eyas dataset; use another --out or --overwrite")
-    _clear_output(out)  # another run's dataset (with --overwrite), or shards of a run killed before its first record
     return None, []
 
 

@@ -28,6 +28,7 @@ from eyas.errors import EyasError
 from eyas.features import store
 from eyas.features.preflight import ExtractPlan, preflight_extract
 from eyas.files import sha256_text, write_json_atomic
+from eyas.outputs import claim_output_dir
 from eyas.progress import stage_progress
 from eyas.target.capture import FeatureCapture
 from eyas.target.load import DTYPES, load_target
@@ -89,28 +90,15 @@ def _run_key(config: ExtractConfig, plan: ExtractPlan) -> str:
     return sha256_text(json.dumps(decisive, sort_keys=True))
 
 
+_OWN_FILES = ("shard-*.safetensors", "progress-rank*.json", store.MANIFEST, "config.yaml")
+
+
 def _claim_output(config: ExtractConfig, run_key: str) -> None:
     """Keep `out` when it holds (part of) this run; clear it (with --overwrite) or refuse other contents."""
-    out = config.out
-    out.mkdir(parents=True, exist_ok=True)
-    for stale in out.glob(".*.tmp-*"):
-        stale.unlink()
-    keys = set()
-    manifest = store.read_store_manifest(out) if (out / store.MANIFEST).is_file() else None
-    if manifest:
-        keys.add(manifest.run_key)
-    for path in out.glob("progress-rank*.json"):
-        keys.add(json.loads(path.read_text(encoding="utf-8")).get("run_key"))
-    own = ("shard-*.safetensors", "progress-rank*.json", store.MANIFEST, "config.yaml")
-    foreign = [p for p in out.iterdir() if not any(p.match(pattern) for pattern in own)]
-    if keys == {run_key}:
-        return
-    if (keys or foreign) and not config.overwrite:
-        what = "a store extracted with other inputs or settings" if keys else "files that are not an eyas store"
-        raise EyasError(f"{out}: holds {what}; use another --out or --overwrite")
-    for path in out.iterdir():
-        if any(path.match(pattern) for pattern in own[:3]):
-            path.unlink()
+    keys = {json.loads(p.read_text(encoding="utf-8")).get("run_key") for p in config.out.glob("progress-rank*.json")}
+    if (config.out / store.MANIFEST).is_file():
+        keys.add(store.read_store_manifest(config.out).run_key)
+    claim_output_dir(config.out, run_key, keys, _OWN_FILES, config.overwrite, "an eyas feature store")
 
 
 def _barrier(ranks: Ranks) -> None:
