@@ -29,8 +29,10 @@ batch; run_extract by a full fp8-storage run, which also gives the fp8 bytes/tok
 timed `--repeat` times in interleaved rounds (so load from other processes hits every method
 alike) and the best time is reported. Bytes/token actually written are reported for eyas bf16
 and fp8 storage (manifest `bytes_per_token`, next to `store.bytes_per_token`'s formula) and
-for the naive per-sample files. Torch runs `--threads` intra-op threads (default 2); the
-1-minute load average after each timing is recorded in its line, as a noise indicator.
+for the naive per-sample files. Torch runs `--threads` intra-op threads (default 2). As noise
+indicators, each line records the process CPU time of the best run (`cpu_seconds`; near
+`threads * seconds` when the cores were free, near `seconds` when other work took one) and the
+highest 1-minute load average seen after its timings (this process alone makes it ~`threads`).
 
 Output: one JSON line per result on stdout (logs go to stderr), then the ratio lines
 `eyas_vs_bare_forward` and `eyas_vs_naive`.
@@ -48,6 +50,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import argparse
 import json
+import resource
 import shutil
 import tempfile
 import time
@@ -152,6 +155,12 @@ def naive_loop(parts: TargetParts, batches: list[Batch], reader: DatasetReader, 
     return tokens
 
 
+def cpu_seconds() -> float:
+    """Return the user + system CPU time of this process so far."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
 def directory_bytes(path: Path) -> int:
     return sum(p.stat().st_size for p in path.iterdir())
 
@@ -224,20 +233,24 @@ def main() -> None:
             "naive_output_hidden_states_torch_save": run_naive,
         }
         best: dict[str, float] = dict.fromkeys(methods, float("inf"))
+        cpu: dict[str, float] = {}
         tokens: dict[str, int] = {}
         load: dict[str, float] = {}
         for attempt in range(args.repeat):
             for method, run in methods.items():
-                started = time.perf_counter()
+                cpu_started, started = cpu_seconds(), time.perf_counter()
                 tokens[method] = run(attempt)
-                best[method] = min(best[method], time.perf_counter() - started)
+                seconds = time.perf_counter() - started
+                if seconds < best[method]:
+                    best[method], cpu[method] = seconds, cpu_seconds() - cpu_started
                 load[method] = max(load.get(method, 0.0), os.getloadavg()[0])
 
         assert len(set(tokens.values())) == 1, f"methods counted different tokens: {tokens}"
         rates = {method: tokens[method] / best[method] for method in methods}
         for method in methods:
             print(json.dumps({**common, "method": method, "tokens": tokens[method], "seconds": round(best[method], 3),
-                              "tokens_per_s": round(rates[method], 1), "max_loadavg_1m": round(load[method], 2)}),
+                              "tokens_per_s": round(rates[method], 1), "cpu_seconds": round(cpu[method], 3),
+                              "max_loadavg_1m": round(load[method], 2)}),
                   flush=True)
         written = {"eyas_bf16": (bf16_manifests[0].bytes_per_token, store.bytes_per_token(args.hidden, len(aux_ids), "bf16")),
                    "eyas_fp8": (fp8_manifest.bytes_per_token, store.bytes_per_token(args.hidden, len(aux_ids), "fp8")),
