@@ -8,7 +8,7 @@ to `--seq-len` (most samples end up at that length). The samples are cut into th
 `run_extract` itself uses (`plan_shards` at the config's `shard_tokens`, then `length_batches`
 at `--token-budget` within each shard, right-padded), and every timed loop below runs exactly
 those batches:
-- `eyas_capture_loop`: eyas's own capture loop (`_shard_features` of
+- `eyas_capture_loop`: eyas's own capture loop (`shard_features` of
   `eyas.features.extract`: read the rows, pad, `FeatureCapture.run`, slice each sample's
   aux [T, 3H] and last [T, H]), driven one batch at a time, its hooks registered only while
   it runs; nothing is written. Compared with `bare_forward`:
@@ -66,14 +66,13 @@ from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
 
-import numpy as np
 import torch
 
 from eyas.config import ExtractConfig, PrepareConfig
 from eyas.data.dataset import DatasetReader
 from eyas.data.prepare import run_prepare
 from eyas.features import store
-from eyas.features.extract import _shard_features, length_batches, plan_shards, run_extract
+from eyas.features.extract import length_batches, plan_shards, right_padded, run_extract, shard_features
 from eyas.target.capture import FeatureCapture
 from eyas.target.load import DTYPES, load_target
 from eyas.target.parts import TargetParts
@@ -124,11 +123,7 @@ def padded_batches(reader: DatasetReader, shard_tokens: int, budget: int) -> lis
         rows = [reader.row(i)[0] for i in range(start, stop)]
         lengths = [len(ids) for ids in rows]
         for batch in length_batches(lengths, budget):
-            input_ids = torch.zeros(len(batch), lengths[batch[0]], dtype=torch.long)  # [B, T]
-            attention = torch.zeros(len(batch), lengths[batch[0]], dtype=torch.long)  # [B, T]
-            for row, position in enumerate(batch):
-                input_ids[row, :lengths[position]] = torch.from_numpy(rows[position].astype(np.int64))
-                attention[row, :lengths[position]] = 1
+            input_ids, attention = right_padded([rows[position] for position in batch])
             batches.append((input_ids, attention, [lengths[p] for p in batch], [start + p for p in batch]))
     return batches
 
@@ -242,7 +237,7 @@ def main() -> None:
 
             capture = FeatureCapture(parts, aux_ids)
             features = itertools.chain.from_iterable(
-                _shard_features(capture, reader, span, args.token_budget, "cpu") for span in spans)
+                shard_features(capture, reader, span, args.token_budget, "cpu") for span in spans)
             naive_out = tmp / f"naive-{attempt}"
             for index, batch in enumerate(batches):
                 steps = {

@@ -106,19 +106,25 @@ def _barrier(ranks: Ranks) -> None:
         torch.distributed.barrier()
 
 
-def _shard_features(capture: FeatureCapture, reader: DatasetReader, span: tuple[int, int], budget: int,
-                    device: str) -> Iterator[tuple[int, store.SampleFeatures]]:
+def right_padded(rows: list[np.ndarray]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Return `(input_ids [B, T] int64, attention_mask [B, T] int64)` for token rows, right-padded to the longest."""
+    longest = max(len(ids) for ids in rows)
+    input_ids = torch.zeros(len(rows), longest, dtype=torch.long)  # [B, T]
+    attention = torch.zeros(len(rows), longest, dtype=torch.long)  # [B, T]
+    for row, ids in enumerate(rows):
+        input_ids[row, :len(ids)] = torch.from_numpy(ids.astype(np.int64))
+        attention[row, :len(ids)] = 1
+    return input_ids, attention
+
+
+def shard_features(capture: FeatureCapture, reader: DatasetReader, span: tuple[int, int], budget: int,
+                   device: str) -> Iterator[tuple[int, store.SampleFeatures]]:
     """Yield `(tokens, features)` for the samples of one shard, computed in length-sorted batches."""
     rows = [reader.row(i) for i in range(*span)]
     lengths = [len(ids) for ids, _ in rows]
+    first_device = device if device != "auto" else "cuda:0"  # device_map="auto" takes inputs on the first GPU
     for batch in length_batches(lengths, budget):
-        longest = lengths[batch[0]]
-        input_ids = torch.zeros(len(batch), longest, dtype=torch.long)  # [B, T] right-padded
-        attention = torch.zeros(len(batch), longest, dtype=torch.long)  # [B, T]
-        for row, position in enumerate(batch):
-            input_ids[row, :lengths[position]] = torch.from_numpy(rows[position][0].astype(np.int64))
-            attention[row, :lengths[position]] = 1
-        first_device = device if device != "auto" else "cuda:0"
+        input_ids, attention = right_padded([rows[position][0] for position in batch])
         captured = capture.run(input_ids.to(first_device), attention.to(first_device))
         for row, position in enumerate(batch):
             length = lengths[position]
@@ -192,7 +198,7 @@ def run_extract(config: ExtractConfig, plan: ExtractPlan | None = None) -> tuple
             task = bar.add_task(f"extract (rank {ranks.rank})" if ranks.distributed else "extract", total=total, rate="")
             for index in mine:
                 samples = []
-                for tokens, features in _shard_features(capture, reader, spans[index], config.token_budget, device):
+                for tokens, features in shard_features(capture, reader, spans[index], config.token_budget, device):
                     samples.append(features)
                     tokens_done += tokens
                     rate = tokens_done / max(time.monotonic() - started, 1e-9)

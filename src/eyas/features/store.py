@@ -31,6 +31,7 @@ FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
 StorageDtype = Literal["bf16", "fp8", "fp32"]
 TORCH_STORAGE = {"bf16": torch.bfloat16, "fp32": torch.float32, "fp8": fp8.FP8}
+SAFETENSORS_DTYPE = {"bf16": "BF16", "fp32": "F32", "fp8": "F8_E4M3"}
 _METADATA_KEY = "eyas.features"
 
 
@@ -128,13 +129,6 @@ class FeatureShard:
     def __len__(self) -> int:
         return len(self.sample_ids)
 
-    def tensor(self, name: str) -> torch.Tensor:
-        """Return a whole packed tensor, features dequantized to float32 for fp8 shards."""
-        value = self._file.get_tensor(name)
-        if name in ("aux", "last") and self.storage == "fp8":
-            return fp8.dequantize(value, self._file.get_tensor(f"{name}_scale"))
-        return value
-
     def sample(self, position: int) -> dict[str, torch.Tensor]:
         """Return the tensors of the shard's `position`-th sample (features in float32)."""
         start, stop = int(self.offsets[position]), int(self.offsets[position + 1])
@@ -172,7 +166,6 @@ def verify_store(store: Path) -> list[str]:
         return [str(error)]
     problems: list[str] = []
     width = len(manifest.layer_ids) * manifest.hidden_size
-    feature_dtype = TORCH_STORAGE[manifest.storage_dtype]
     listed = {s.file for s in manifest.shards}
     problems += [f"{p}: shard file not listed in the manifest" for p in sorted(store.glob("shard-*.safetensors"))
                  if p.name not in listed]
@@ -192,10 +185,8 @@ def verify_store(store: Path) -> list[str]:
         for name, shape in expected.items():
             if shapes.get(name) != shape:
                 problems.append(f"{path}: {name}: shape {shapes.get(name)} but the manifest implies {shape}")
-        stored = str(feature_dtype).removeprefix("torch.")
-        names = {"bfloat16": "BF16", "float32": "F32", "float8_e4m3fn": "F8_E4M3"}
         for name, dtype in dtypes.items():
-            if dtype != names[stored]:
+            if dtype != SAFETENSORS_DTYPE[manifest.storage_dtype]:
                 problems.append(f"{path}: {name}: dtype {dtype} but the manifest says {manifest.storage_dtype}")
     if sum(s.samples for s in manifest.shards) != manifest.samples:
         problems.append(f"{store / MANIFEST}: samples: {manifest.samples} but the shards hold {sum(s.samples for s in manifest.shards)}")

@@ -14,7 +14,6 @@ from typing import Literal
 from eyas.errors import EyasError
 
 Convention = Literal["input", "output"]
-INTERNAL_CONVENTION: Convention = "input"
 
 
 def default_aux_layers(num_layers: int) -> list[int]:
