@@ -1,0 +1,1 @@
+"""The EAGLE-3 draft model, its training-time-test unroll, losses and metrics."""

@@ -1,0 +1,118 @@
+"""The draft's configuration: sizes taken from the target, the draft vocabulary, and provenance.
+
+Written as the draft directory's `config.json`. The keys engines read (`hidden_size`,
+`draft_vocab_size`, `target_hidden_size`, `rope_theta`, `rope_scaling`, ...) are named as in the
+EAGLE-3 Hugging Face format; the aux layer ids are stored in eyas's input convention and the
+convention is recorded next to them (export converts them per engine).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, PositiveInt, ValidationError
+
+from eyas.errors import EyasError
+from eyas.target.fingerprint import TargetFingerprint
+
+ARCHITECTURE = "EyasEagle3Draft"
+CONFIG_FILE = "config.json"
+WEIGHTS_FILE = "model.safetensors"
+
+
+class DraftConfig(BaseModel):
+    """Everything needed to rebuild the draft and to check it belongs to a target and a store."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    architectures: list[str] = [ARCHITECTURE]
+    hidden_size: PositiveInt
+    target_hidden_size: PositiveInt
+    intermediate_size: PositiveInt
+    num_attention_heads: PositiveInt
+    num_key_value_heads: PositiveInt
+    head_dim: PositiveInt
+    num_hidden_layers: PositiveInt = 1
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 10000.0
+    rope_scaling: dict[str, Any] | None = None
+    max_position_embeddings: PositiveInt = 4096
+    vocab_size: PositiveInt
+    draft_vocab_size: PositiveInt
+    aux_layer_ids: list[int]
+    layer_convention: Literal["input"] = "input"
+    target: TargetFingerprint | None = None
+    eyas_version: str = ""
+
+    @property
+    def num_aux(self) -> int:
+        return len(self.aux_layer_ids)
+
+
+def _rope_of(target_config: Any) -> tuple[float, dict[str, Any] | None]:
+    """Return `(rope_theta, rope_scaling)` of a transformers config, in the legacy (4.x) spelling."""
+    params = getattr(target_config, "rope_parameters", None)
+    if isinstance(params, dict) and isinstance(params.get("full_attention"), dict):
+        params = params["full_attention"]  # per-layer-type parameters (Gemma): global layers
+    if isinstance(params, dict) and "rope_theta" in params:
+        scaling = {k: v for k, v in params.items() if k != "rope_theta"}
+        return float(params["rope_theta"]), scaling if scaling.get("rope_type", "default") != "default" else None
+    scaling = getattr(target_config, "rope_scaling", None)
+    return float(getattr(target_config, "rope_theta", 10000.0)), dict(scaling) if scaling else None
+
+
+def draft_config_for_target(target_config: Any, aux_layer_ids: list[int], draft_vocab_size: int,
+                            target: TargetFingerprint | None, overrides: dict[str, Any] | None = None) -> DraftConfig:
+    """Return the draft config whose sizes, heads and rope are the target's, updated with `overrides`.
+
+    Refuses a hidden size different from the target's: the draft reads the target's (frozen)
+    embedding, so both must have the same width.
+    """
+    from eyas import __version__
+
+    text = getattr(target_config, "text_config", None) or target_config
+    hidden = int(text.hidden_size)
+    heads = int(text.num_attention_heads)
+    theta, scaling = _rope_of(text)
+    values: dict[str, Any] = {
+        "hidden_size": hidden, "target_hidden_size": hidden,
+        "intermediate_size": int(getattr(text, "intermediate_size", None) or 4 * hidden),
+        "num_attention_heads": heads,
+        "num_key_value_heads": int(getattr(text, "num_key_value_heads", None) or heads),
+        "head_dim": int(getattr(text, "head_dim", None) or hidden // heads),
+        "rms_norm_eps": float(getattr(text, "rms_norm_eps", None) or getattr(text, "layer_norm_eps", None) or 1e-6),
+        "rope_theta": theta, "rope_scaling": scaling,
+        "max_position_embeddings": int(getattr(text, "max_position_embeddings", None) or 4096),
+        "vocab_size": int(text.vocab_size), "draft_vocab_size": draft_vocab_size, "aux_layer_ids": list(aux_layer_ids),
+        "target": target, "eyas_version": __version__,
+    }
+    values.update({k: v for k, v in (overrides or {}).items() if v is not None})
+    if values["hidden_size"] != hidden:
+        raise EyasError(f"draft hidden_size: {values['hidden_size']} differs from the target's {hidden}; "
+                        "the draft shares the target's embedding, so they must match")
+    try:
+        return DraftConfig.model_validate(values)
+    except ValidationError as exc:
+        raise EyasError(f"draft config: {str(exc).splitlines()[0]}: {exc.errors()[0]['msg']}") from None
+
+
+def read_draft_config(draft_dir: Path) -> DraftConfig:
+    """Return the config of a draft directory written by eyas; refuses a missing or foreign one."""
+    path = draft_dir / CONFIG_FILE
+    if not path.is_file():
+        raise EyasError(f"{path}: not found; is {draft_dir} a draft written by `eyas train`?")
+    try:
+        raw = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise EyasError(f"{path}:{exc.lineno}: malformed JSON: {exc.msg}") from None
+    if raw.get("architectures") != [ARCHITECTURE]:
+        raise EyasError(f"{path}: architectures: {raw.get('architectures')} is not an eyas draft "
+                        f"({ARCHITECTURE}); published drafts are read by `eyas import`")
+    try:
+        return DraftConfig.model_validate(raw)
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        field = ".".join(map(str, error["loc"]))
+        raise EyasError(f"{path}: {field}: {error['msg']}") from None
