@@ -8,7 +8,7 @@ to `--seq-len` (most samples end up at that length). The samples are cut into th
 `run_extract` itself uses (`plan_shards` at the config's `shard_tokens`, then `length_batches`
 at `--token-budget` within each shard, right-padded), and every timed loop below runs exactly
 those batches:
-- `eyas_capture_loop`: eyas's own capture loop (`shard_features` of
+- `eyas_capture_loop`: eyas's own capture loop (`sample_features` of
   `eyas.features.extract`: read the rows, pad, `FeatureCapture.run`, slice each sample's
   aux [T, 3H] and last [T, H]), driven one batch at a time, its hooks registered only while
   it runs; nothing is written. Compared with `bare_forward`:
@@ -72,7 +72,7 @@ from eyas.config import ExtractConfig, PrepareConfig
 from eyas.data.dataset import DatasetReader
 from eyas.data.prepare import run_prepare
 from eyas.features import store
-from eyas.features.extract import length_batches, plan_shards, right_padded, run_extract, shard_features
+from eyas.features.extract import length_batches, plan_shards, right_padded, run_extract, sample_features
 from eyas.target.capture import FeatureCapture
 from eyas.target.load import DTYPES, load_target
 from eyas.target.parts import TargetParts
@@ -237,7 +237,7 @@ def main() -> None:
 
             capture = FeatureCapture(parts, aux_ids)
             features = itertools.chain.from_iterable(
-                shard_features(capture, reader, span, args.token_budget, "cpu") for span in spans)
+                sample_features(capture, reader, list(range(*span)), args.token_budget, "cpu") for span in spans)
             naive_out = tmp / f"naive-{attempt}"
             for index, batch in enumerate(batches):
                 steps = {

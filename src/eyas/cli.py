@@ -150,6 +150,53 @@ def preflight_extract_command(
         raise typer.Exit(1)
 
 
+@app.command()
+def train(
+    target: Annotated[Optional[Path], typer.Option(help="Target model dir or GGUF (offline default: the store's).")] = None,
+    features: Annotated[Optional[Path], typer.Option(help="Feature store from `eyas extract` (offline).")] = None,
+    data: Annotated[Optional[Path], typer.Option(help="Dataset from `eyas prepare` (online; offline: its vocab).")] = None,
+    out: Annotated[Optional[Path], typer.Option(help="Run dir: checkpoints, metrics.jsonl, final/.")] = None,
+    init: Annotated[Optional[Path], typer.Option(help="Warm start from this eyas draft dir (keeps its d2t/t2d).")] = None,
+    draft_vocab_size: Annotated[Optional[int], typer.Option(help="Draft vocab size (default: the dataset's).")] = None,
+    num_layers: Annotated[Optional[int], typer.Option(help="Draft decoder layers (default 1).")] = None,
+    ttt_steps: Annotated[Optional[int], typer.Option(help="Training-time-test unroll length (default 7).")] = None,
+    max_steps: Annotated[Optional[int], typer.Option(help="Optimizer steps (default: --epochs passes).")] = None,
+    epochs: Annotated[Optional[int], typer.Option(help="Passes over the training split (default 1).")] = None,
+    lr: Annotated[Optional[float], typer.Option(help="Peak learning rate (default 1e-4).")] = None,
+    grad_accum: Annotated[Optional[int], typer.Option(help="Micro-batches per optimizer step and rank.")] = None,
+    token_budget: Annotated[Optional[int], typer.Option(help="Padded tokens per micro-batch.")] = None,
+    seed: Annotated[Optional[int], typer.Option(help="Seed: init, data order, held-out split.")] = None,
+    layers: LayersOption = None, layer_convention: ConventionOption = None, device: DeviceOption = None,
+    resume: Annotated[Optional[bool], typer.Option("--resume", help="Require a checkpoint in --out to continue.")] = None,
+    overwrite: Annotated[Optional[bool], typer.Option("--overwrite", help="Replace another run in --out.")] = None,
+    config: ConfigOption = None,
+    overrides: Overrides = None,
+) -> None:
+    """Train an EAGLE-3 draft from a feature store (offline) or with the target in the loop (online)."""
+    from eyas.config import TrainConfig, load_stage_config
+    from eyas.reports import print_train_summary
+    from eyas.train.loop import run_train
+
+    flags = _extract_flags(target, data, out, layers, layer_convention, None, None, device)
+    flags.update({"features": features, "init": init, "draft_vocab_size": draft_vocab_size, "num_layers": num_layers,
+                  "ttt_steps": ttt_steps, "max_steps": max_steps, "epochs": epochs, "lr": lr, "grad_accum": grad_accum,
+                  "token_budget": token_budget, "seed": seed, "resume": resume, "overwrite": overwrite})
+    result = run_train(load_stage_config(TrainConfig, "train", config, flags, overrides))
+    print_train_summary(result)
+
+
+@app.command()
+def plot(
+    run: Annotated[Path, typer.Argument(help="Run dir written by `eyas train`.")],
+    out: Annotated[Optional[Path], typer.Option(help="Where the PNGs go (default RUN/plots).")] = None,
+) -> None:
+    """Write PNG curves of a training run: loss, per-step accuracy, implied acceptance length."""
+    from eyas.train.plot import plot_run
+
+    for path in plot_run(run, out):
+        print(path)
+
+
 def main() -> None:
     """Entry point: run the app; user errors print one line on stderr and exit 2."""
     try:

@@ -67,6 +67,47 @@ class ExtractConfig(StageConfig):
     trust_remote_code: bool = Field(False, description="allow custom model code from the target directory")
 
 
+class TrainConfig(StageConfig):
+    """`eyas train`: feature store (offline) or dataset (online, target in the loop) -> EAGLE-3 draft."""
+
+    target: Path | None = Field(None, description="local model dir or GGUF file (offline default: the store's target)")
+    features: Path | None = Field(None, description="feature store written by `eyas extract` (offline training)")
+    data: Path | None = Field(None, description="dataset written by `eyas prepare` (online; offline: where the vocab is)")
+    out: Path = Field(description="run directory: checkpoints, metrics.jsonl, final/")
+    init: Path | None = Field(None, description="warm start from this eyas draft dir (keeps its d2t/t2d)")
+    draft_vocab_size: PositiveInt | None = Field(None, description="default: the dataset's vocab, else 32000")
+    num_layers: PositiveInt = Field(1, description="draft decoder layers")
+    intermediate_size: PositiveInt | None = Field(None, description="draft MLP width (default: the target's)")
+    ttt_steps: PositiveInt = Field(7, description="training-time-test unroll length k")
+    out_of_vocab: Literal["mask", "keep"] = Field(
+        "mask", description="positions whose teacher argmax is outside the draft vocab: left out of the loss, or kept"
+    )
+    max_steps: PositiveInt | None = Field(None, description="optimizer steps (default: epochs x steps per epoch)")
+    epochs: PositiveInt = Field(1, description="passes over the training split (when max_steps is not given)")
+    lr: float = Field(1e-4, gt=0, description="peak learning rate (AdamW, betas 0.9/0.95)")
+    weight_decay: float = Field(0.0, ge=0)
+    warmup_fraction: float = Field(0.02, ge=0, lt=1, description="share of the steps spent warming up linearly")
+    min_lr_fraction: float = Field(0.0, ge=0, le=1, description="the cosine decays to lr x this")
+    grad_clip: float = Field(0.5, gt=0, description="max global gradient norm")
+    grad_accum: PositiveInt = Field(1, description="micro-batches per optimizer step and rank")
+    token_budget: PositiveInt = Field(8192, description="padded tokens per micro-batch (rows x longest row)")
+    row_tokens: PositiveInt = Field(2048, description="samples are packed into rows of up to this many tokens")
+    seed: int = Field(0, description="initialisation, data order and the held-out split")
+    eval_fraction: float = Field(0.02, ge=0, lt=1, description="share of samples held out for evaluation")
+    eval_every: PositiveInt = Field(200, description="evaluate every N optimizer steps (and at the end)")
+    log_every: PositiveInt = Field(10, description="write a metrics.jsonl line every N optimizer steps")
+    save_every: PositiveInt = Field(200, description="write a checkpoint every N optimizer steps (and at the end)")
+    keep_last: PositiveInt = Field(2, description="checkpoints kept besides the best one")
+    device: str | None = Field(None, description="cpu, cuda or cuda:N (default cuda if present; LOCAL_RANK under torchrun)")
+    dtype: Literal["bfloat16", "float32"] = Field("bfloat16", description="autocast dtype on CUDA (CPU runs float32)")
+    target_dtype: Literal["bfloat16", "float16", "float32"] = Field("bfloat16", description="dtype of the target parts")
+    layers: list[int] | None = Field(None, description="online: aux layer ids (default: EAGLE-3's 3 layers)")
+    layer_convention: Literal["input", "output"] | None = Field(None, description="how `layers` counts")
+    overwrite: bool = Field(False, description="discard another run in --out")
+    resume: bool = Field(False, description="require a checkpoint in --out to continue from")
+    trust_remote_code: bool = Field(False, description="allow custom model code from the target directory")
+
+
 Config = TypeVar("Config", bound=StageConfig)
 
 

@@ -11,6 +11,7 @@ from rich.table import Table
 if TYPE_CHECKING:  # keeps torch out of `eyas prepare`'s imports
     from eyas.data.dataset import DatasetManifest
     from eyas.features.store import StoreManifest
+    from eyas.train.loop import TrainResult
 
 console = Console()
 
@@ -58,3 +59,19 @@ def print_preflight(facts: dict[str, str], problems: list[str]) -> None:
     for problem in problems:
         console.print(f"[red]problem[/red]: {problem}", highlight=False, soft_wrap=True)
     console.print("[green]preflight ok[/green]" if not problems else f"[red]{len(problems)} problem(s)[/red]")
+
+
+def print_train_summary(result: TrainResult) -> None:
+    """Print the last training window's and the held-out metrics of a run, per TTT step."""
+    title = f"eyas train -> {result.run_dir} ({result.steps} steps" + (", already trained; reused)" if result.reused else ")")
+    table = Table(title=title)
+    table.add_column("metric", style="bold")
+    table.add_column("train (last window)", justify="right")
+    table.add_column("held-out", justify="right")
+    keys = [k for k in result.final if k.startswith(("acc_", "cond_acc_"))]
+    for key in ["loss", *sorted(keys, key=lambda k: (k.startswith("cond"), int(k.rsplit("_", 1)[1]))), "implied_tau"]:
+        held = f"{result.eval[key]:.4f}" if result.eval and key in result.eval else "-"
+        table.add_row(key, f"{result.final.get(key, float('nan')):.4f}", held)
+    console.print(table)
+    console.print(f"draft: {result.run_dir / 'final'}  best (by implied tau): {result.run_dir / 'best'}  "
+                  f"curves: eyas plot {result.run_dir}")

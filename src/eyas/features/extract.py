@@ -11,11 +11,8 @@ Under `torchrun`, rank r takes shards r, r+K, r+2K, ...; rank 0 merges the manif
 from __future__ import annotations
 
 import json
-import os
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 import torch
@@ -24,6 +21,7 @@ from pydantic import BaseModel
 from eyas import __version__
 from eyas.config import ExtractConfig, write_resolved_config
 from eyas.data.dataset import DatasetReader
+from eyas.distributed import barrier, current_ranks, init_distributed, rank_device
 from eyas.errors import EyasError
 from eyas.features import store
 from eyas.features.preflight import ExtractPlan, preflight_extract
@@ -39,16 +37,6 @@ _PROGRESS = "progress-rank{rank}.json"
 class _RankProgress(BaseModel):
     run_key: str
     shards: list[store.ShardInfo]
-
-
-@dataclass(frozen=True)
-class Ranks:
-    rank: int
-    world: int
-
-    @property
-    def distributed(self) -> bool:
-        return self.world > 1
 
 
 def plan_shards(lengths: np.ndarray, shard_tokens: int) -> list[tuple[int, int]]:
@@ -77,10 +65,6 @@ def length_batches(lengths: list[int], token_budget: int) -> list[list[int]]:
     return batches
 
 
-def _ranks() -> Ranks:
-    return Ranks(int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1")))
-
-
 def _run_key(config: ExtractConfig, plan: ExtractPlan) -> str:
     decisive = {
         "format_version": store.FORMAT_VERSION, "dataset": plan.dataset.fingerprint, "target": plan.target.id,
@@ -101,11 +85,6 @@ def _claim_output(config: ExtractConfig, run_key: str) -> None:
     claim_output_dir(config.out, run_key, keys, _OWN_FILES, config.overwrite, "an eyas feature store")
 
 
-def _barrier(ranks: Ranks) -> None:
-    if ranks.distributed:
-        torch.distributed.barrier()
-
-
 def right_padded(rows: list[np.ndarray]) -> tuple[torch.Tensor, torch.Tensor]:
     """Return `(input_ids [B, T] int64, attention_mask [B, T] int64)` for token rows, right-padded to the longest."""
     longest = max(len(ids) for ids in rows)
@@ -117,10 +96,11 @@ def right_padded(rows: list[np.ndarray]) -> tuple[torch.Tensor, torch.Tensor]:
     return input_ids, attention
 
 
-def shard_features(capture: FeatureCapture, reader: DatasetReader, span: tuple[int, int], budget: int,
-                   device: str) -> Iterator[tuple[int, store.SampleFeatures]]:
-    """Yield `(tokens, features)` for the samples of one shard, computed in length-sorted batches."""
-    rows = [reader.row(i) for i in range(*span)]
+def sample_features(capture: FeatureCapture, reader: DatasetReader, indices: list[int], budget: int,
+                    device: str) -> Iterator[tuple[int, store.SampleFeatures]]:
+    """Yield `(tokens, features)` for the dataset rows `indices`, computed in length-sorted batches
+    under the padded-token `budget` (in batch order, not in the order of `indices`)."""
+    rows = [reader.row(i) for i in indices]
     lengths = [len(ids) for ids, _ in rows]
     first_device = device if device != "auto" else "cuda:0"  # device_map="auto" takes inputs on the first GPU
     for batch in length_batches(lengths, budget):
@@ -129,7 +109,7 @@ def shard_features(capture: FeatureCapture, reader: DatasetReader, span: tuple[i
         for row, position in enumerate(batch):
             length = lengths[position]
             yield length, store.SampleFeatures(
-                sample_id=span[0] + position,
+                sample_id=indices[position],
                 input_ids=torch.from_numpy(rows[position][0]),
                 loss_mask=torch.from_numpy(rows[position][1].astype(bool)),
                 aux=captured.aux[row, :length].cpu(),  # [T, A*H]
@@ -168,18 +148,17 @@ def run_extract(config: ExtractConfig, plan: ExtractPlan | None = None) -> tuple
     Runs the weightless preflight first (unless `plan` is given or preflight is off) and refuses
     to load weights when it finds any problem.
     """
-    ranks = _ranks()
+    ranks = current_ranks()
     plan = plan or preflight_extract(config)
     if not plan.ok:
         raise EyasError(f"preflight found {len(plan.problems)} problem(s): " + " | ".join(plan.problems))
     run_key = _run_key(config, plan)
-    if ranks.distributed and not torch.distributed.is_initialized():
-        torch.distributed.init_process_group("nccl" if plan.device.startswith("cuda") else "gloo")
-    device = f"cuda:{os.environ.get('LOCAL_RANK', '0')}" if ranks.distributed and plan.device == "cuda" else plan.device
+    init_distributed(ranks, plan.device)
+    device = rank_device(ranks, plan.device)
     if ranks.rank == 0:
         _claim_output(config, run_key)
         write_resolved_config(config, "extract", config.out)
-    _barrier(ranks)
+    barrier(ranks)
     if (config.out / store.MANIFEST).is_file():  # claimed: a manifest left in place is this very run's
         return store.read_store_manifest(config.out), True
 
@@ -198,7 +177,8 @@ def run_extract(config: ExtractConfig, plan: ExtractPlan | None = None) -> tuple
             task = bar.add_task(f"extract (rank {ranks.rank})" if ranks.distributed else "extract", total=total, rate="")
             for index in mine:
                 samples = []
-                for tokens, features in shard_features(capture, reader, spans[index], config.token_budget, device):
+                indices = list(range(*spans[index]))
+                for tokens, features in sample_features(capture, reader, indices, config.token_budget, device):
                     samples.append(features)
                     tokens_done += tokens
                     rate = tokens_done / max(time.monotonic() - started, 1e-9)
@@ -209,9 +189,9 @@ def run_extract(config: ExtractConfig, plan: ExtractPlan | None = None) -> tuple
                 bytes_done += info.bytes
                 progress.shards.append(info)
                 write_json_atomic(progress_path, progress.model_dump(mode="json"))
-    _barrier(ranks)
+    barrier(ranks)
     manifest = _merge(config, plan, run_key, ranks.world, len(spans)) if ranks.rank == 0 else None
-    _barrier(ranks)
+    barrier(ranks)
     if ranks.rank != 0:
         manifest = store.read_store_manifest(config.out)
     return manifest, False

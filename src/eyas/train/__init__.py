@@ -1,0 +1,1 @@
+"""The trainer: data, loop, checkpoints, distributed runs, plots."""

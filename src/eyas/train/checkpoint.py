@@ -1,0 +1,112 @@
+"""Training checkpoints: draft weights, optimizer and scheduler state, RNG and data position.
+
+`RUN_DIR/checkpoints/step-SSSSSSSS/` holds `draft/` (an eyas draft directory), `optimizer.safetensors`
+(AdamW moments by parameter name), `rng.safetensors` and `trainer.json` (step, data position,
+tokens seen, best score, the metric sums not yet logged; the learning rate is a function of the step). Each checkpoint is
+written to a hidden temporary directory and renamed into place, so a kill leaves either the
+previous set or the new complete one. Only safetensors and JSON are read back (no pickle).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+import torch
+from pydantic import BaseModel
+from safetensors.torch import load_file, save_file
+
+from eyas.draft.model import Eagle3Draft, load_draft, save_draft
+from eyas.errors import EyasError
+from eyas.files import write_json_atomic
+
+CHECKPOINTS = "checkpoints"
+
+
+class TrainerState(BaseModel):
+    """`trainer.json`: where the run stands."""
+
+    run_key: str
+    step: int
+    epoch: int
+    step_in_epoch: int
+    tokens: int
+    best_step: int | None = None
+    best_tau: float | None = None
+    window: list[list[float]] = []
+    window_loss_tokens: float = 0.0
+
+
+def checkpoint_dir(run_dir: Path, step: int) -> Path:
+    return run_dir / CHECKPOINTS / f"step-{step:08d}"
+
+
+def list_checkpoints(run_dir: Path) -> list[Path]:
+    """Return the finished checkpoint directories of a run, oldest first."""
+    root = run_dir / CHECKPOINTS
+    return sorted(p for p in root.glob("step-*") if (p / "trainer.json").is_file()) if root.is_dir() else []
+
+
+def _optimizer_tensors(draft: Eagle3Draft, optimizer: torch.optim.Optimizer) -> dict[str, torch.Tensor]:
+    names = {id(p): name for name, p in draft.named_parameters()}
+    tensors = {}
+    for param, state in optimizer.state.items():
+        for key, value in state.items():
+            tensors[f"{names[id(param)]}/{key}"] = torch.as_tensor(value).detach().to("cpu").contiguous()
+    return tensors
+
+
+def save_checkpoint(run_dir: Path, draft: Eagle3Draft, optimizer: torch.optim.Optimizer, state: TrainerState) -> Path:
+    """Write the checkpoint of `state.step` atomically; return its directory."""
+    final = checkpoint_dir(run_dir, state.step)
+    tmp = final.with_name(f".{final.name}.tmp-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    save_draft(draft, tmp / "draft")
+    save_file(_optimizer_tensors(draft, optimizer), str(tmp / "optimizer.safetensors"))
+    rng = {"cpu": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        rng.update({f"cuda{i}": s for i, s in enumerate(torch.cuda.get_rng_state_all())})
+    save_file(rng, str(tmp / "rng.safetensors"))
+    write_json_atomic(tmp / "trainer.json", state.model_dump(mode="json"))
+    for path in tmp.rglob("*"):
+        if path.is_file():
+            with open(path, "rb") as handle:
+                os.fsync(handle.fileno())
+    shutil.rmtree(final, ignore_errors=True)
+    os.replace(tmp, final)
+    return final
+
+
+def load_checkpoint(path: Path, draft: Eagle3Draft, optimizer: torch.optim.Optimizer) -> TrainerState:
+    """Restore draft weights, optimizer moments and RNG from `path`; return its state."""
+    state = TrainerState.model_validate(json.loads((path / "trainer.json").read_text(encoding="utf-8")))
+    saved = load_draft(path / "draft")
+    draft.load_state_dict(saved.trainable_state(), strict=False)
+    tensors = load_file(str(path / "optimizer.safetensors"))
+    by_name = dict(draft.named_parameters())
+    for key, value in tensors.items():
+        name, _, slot = key.rpartition("/")
+        if name not in by_name:
+            raise EyasError(f"{path / 'optimizer.safetensors'}: {key}: no such draft parameter")
+        param = by_name[name]
+        optimizer.state[param][slot] = value.to(param.device) if slot != "step" else value
+    rng = load_file(str(path / "rng.safetensors"))
+    torch.set_rng_state(rng["cpu"])
+    if torch.cuda.is_available():
+        torch.cuda.set_rng_state_all([rng[k] for k in sorted(rng) if k.startswith("cuda")])
+    return state
+
+
+def prune_checkpoints(run_dir: Path, keep_last: int, best_step: int | None) -> None:
+    """Delete all but the newest `keep_last` checkpoints and the best one."""
+    finished = list_checkpoints(run_dir)
+    keep = {p.name for p in finished[-keep_last:]}
+    if best_step is not None:
+        keep.add(checkpoint_dir(run_dir, best_step).name)
+    for path in finished:
+        if path.name not in keep:
+            shutil.rmtree(path)
+    for stale in (run_dir / CHECKPOINTS).glob(".step-*.tmp-*"):
+        shutil.rmtree(stale, ignore_errors=True)

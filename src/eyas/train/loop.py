@@ -1,0 +1,327 @@
+"""The `eyas train` stage: the optimisation loop, evaluation, logging, checkpoints and resume.
+
+One optimizer step runs `grad_accum x world` micro-batches; every rank backpropagates the
+*summed* TTT loss of its share, gradients are summed over ranks with one all-reduce and divided
+by the number of loss-mask tokens of the whole step, then clipped. So K processes and one process
+with K times the accumulation compute the same update, and a short last step loses no sample.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from eyas.config import TrainConfig, write_resolved_config
+from eyas.distributed import Ranks, all_reduce_gradients, all_reduce_sum, barrier, current_ranks, init_distributed, rank_device
+from eyas.draft.model import Eagle3Draft, load_draft, save_draft, set_embedding
+from eyas.draft.objective import StepScorer, StepSums, TeacherHead, loss_token_count, metrics_of, weighted_objective
+from eyas.draft.ttt import unroll
+from eyas.errors import EyasError
+from eyas.files import sha256_text, write_json_atomic, write_text_atomic
+from eyas.outputs import claim_output_dir
+from eyas.progress import stage_progress
+from eyas.target.capture import FeatureCapture
+from eyas.target.head import TargetHead, head_of, load_target_head
+from eyas.target.load import DTYPES, resolve_device
+from eyas.train import batches as B
+from eyas.train.checkpoint import (
+    CHECKPOINTS, TrainerState, list_checkpoints, load_checkpoint, prune_checkpoints, save_checkpoint,
+)
+from eyas.train.setup import TrainSetup, resolve_train, vocab_tensors
+from eyas.train.sources import OnlineSource, SampleSource, StoreSource
+
+METRICS = "metrics.jsonl"
+SUMMARY = "summary.json"
+_OWN = (CHECKPOINTS, "final", "best", METRICS, SUMMARY, "config.yaml", "tensorboard")
+_NOT_DECISIVE = {"out", "overwrite", "resume", "log_every", "save_every", "keep_last", "device"}
+
+
+@dataclass
+class TrainResult:
+    run_dir: Path
+    steps: int
+    final: dict[str, float]
+    eval: dict[str, float] | None
+    reused: bool
+
+
+def _run_key(config: TrainConfig, setup: TrainSetup) -> str:
+    decisive = {k: v for k, v in config.model_dump(mode="json").items() if k not in _NOT_DECISIVE}
+    decisive["target"] = setup.draft_config.target.id if setup.draft_config.target else None
+    decisive["store"] = setup.store.run_key if setup.store else None
+    return sha256_text(json.dumps(decisive, sort_keys=True))
+
+
+def _existing_keys(out: Path) -> set[str]:
+    keys = set()
+    for path in [*(p / "trainer.json" for p in list_checkpoints(out)), out / SUMMARY]:
+        if path.is_file():
+            keys.add(json.loads(path.read_text(encoding="utf-8"))["run_key"])
+    return keys
+
+
+def lr_factor(step: int, total: int, warmup: int, floor: float) -> float:
+    """Return the learning-rate multiplier at `step`: linear warmup, then cosine down to `floor`."""
+    if step < warmup:
+        return (step + 1) / warmup
+    progress = (step - warmup) / max(1, total - warmup)
+    return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
+
+
+class _Trainer:
+    def __init__(self, config: TrainConfig, setup: TrainSetup, ranks: Ranks, device: torch.device,
+                 run_key: str) -> None:
+        self.config, self.setup, self.ranks, self.device, self.run_key = config, setup, ranks, device, run_key
+        self.autocast = device.type == "cuda" and config.dtype == "bfloat16"
+        self.capture: FeatureCapture | None = None
+        head_dtype = DTYPES[config.target_dtype] if device.type == "cuda" else torch.float32
+        self.source, head = self._source_and_head(head_dtype)
+        d2t, t2d = vocab_tensors(setup.vocab)
+        token_ids = torch.arange(len(d2t)) + d2t  # [N] target ids of the draft vocabulary
+        self.teacher = TeacherHead(head.final_norm, head.lm_head, token_ids.to(head.lm_head.device), head.softcap)
+        torch.manual_seed(config.seed)
+        if config.init is not None:
+            self.draft = load_draft(config.init)
+        else:
+            self.draft = Eagle3Draft(setup.draft_config)
+            with torch.no_grad():  # start the head where the target's is: its rows of the draft vocabulary
+                self.draft.lm_head.weight.copy_(head.lm_head[token_ids.to(head.lm_head.device)].float())
+        self.draft.config = setup.draft_config
+        self.draft.d2t.copy_(d2t)
+        self.draft.t2d.copy_(t2d)
+        set_embedding(self.draft, head.embed.float())
+        self.draft.to(device)
+        self.params = [p for p in self.draft.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(self.params, lr=config.lr, betas=(0.9, 0.95),
+                                           weight_decay=config.weight_decay)
+        lengths = self.source.lengths()
+        self.lengths = lengths
+        self.train_ids, self.eval_ids = B.split_indices(len(lengths), config.eval_fraction, config.seed)
+        if len(self.train_ids) == 0:
+            raise EyasError("train: no training samples (the dataset is empty)")
+        self.per_step = config.grad_accum * ranks.world
+        self._plans: dict[int, list[B.MicroBatch]] = {}
+        self.steps_per_epoch = B.steps_in(len(self.plan(0)), self.per_step)
+        self.total = config.max_steps or config.epochs * self.steps_per_epoch
+        self.warmup = int(config.warmup_fraction * self.total)
+
+    def _source_and_head(self, head_dtype: torch.dtype) -> tuple[SampleSource, TargetHead]:
+        config, setup = self.config, self.setup
+        if not setup.online:
+            return StoreSource(config.features, setup.store), load_target_head(setup.target, head_dtype, str(self.device),
+                                                                               config.trust_remote_code)
+        from eyas.data.dataset import DatasetReader
+        from eyas.target.load import load_target
+
+        parts = load_target(setup.target, DTYPES[config.target_dtype], str(self.device), config.trust_remote_code)
+        self.capture = FeatureCapture(parts, setup.draft_config.aux_layer_ids).__enter__()
+        source = OnlineSource(DatasetReader(setup.dataset_dir), self.capture, config.token_budget, str(self.device))
+        return source, head_of(parts)
+
+    def close(self) -> None:
+        """Remove the online capture hooks from the target."""
+        if self.capture is not None:
+            self.capture.__exit__(None, None, None)
+
+    def plan(self, epoch: int) -> list[B.MicroBatch]:
+        """Return the micro-batches of `epoch` (the current epoch's plan is kept)."""
+        if epoch not in self._plans:
+            self._plans = {epoch: B.plan_epoch(self.train_ids, self.lengths, self.config.seed, epoch,
+                                               self.config.row_tokens, self.config.token_budget)}
+        return self._plans[epoch]
+
+    def _batch(self, micro: B.MicroBatch) -> B.PackedBatch:
+        samples = self.source.samples([i for row in micro for i in row])
+        return B.collate([[samples[i] for i in row] for row in micro]).to(self.device)
+
+    def _scores(self, batch: B.PackedBatch) -> tuple[StepScorer, list[torch.Tensor]]:
+        teacher = self.teacher(batch.last)
+        scorer = StepScorer(teacher, batch.doc_ids, batch.loss_mask, self.draft.d2t, self.draft.t2d,
+                            self.config.ttt_steps, self.config.out_of_vocab)
+        with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.autocast):
+            logits = unroll(self.draft, batch.aux, batch.input_ids, batch.position_ids, batch.doc_ids,
+                            self.config.ttt_steps)
+            losses = [scorer.score(j, step_logits) for j, step_logits in enumerate(logits)]
+        return scorer, losses
+
+    def train_step(self, micro_batches: list[B.MicroBatch]) -> tuple[StepSums, float, int, float]:
+        """Run one optimizer step; return its sums, loss-token count, tokens and gradient norm (all ranks)."""
+        self.draft.train()
+        self.optimizer.zero_grad(set_to_none=True)
+        sums, loss_tokens, tokens = StepSums.zeros(self.config.ttt_steps), 0, 0
+        for micro in micro_batches:
+            batch = self._batch(micro)
+            scorer, losses = self._scores(batch)
+            weighted_objective(losses).backward()
+            sums = sums + scorer.sums
+            loss_tokens += loss_token_count(batch.doc_ids, batch.loss_mask)
+            tokens += batch.tokens
+        all_reduce_gradients(self.params, self.ranks)
+        counts = all_reduce_sum(torch.tensor([loss_tokens, tokens], dtype=torch.float64), self.ranks)
+        stacked = all_reduce_sum(sums.stacked(), self.ranks)
+        for param in self.params:
+            if param.grad is not None:
+                param.grad.div_(max(counts[0].item(), 1.0))
+        norm = torch.nn.utils.clip_grad_norm_(self.params, self.config.grad_clip)
+        self.optimizer.step()
+        return StepSums.from_stacked(stacked), counts[0].item(), int(counts[1].item()), float(norm)
+
+    @torch.no_grad()
+    def evaluate(self) -> dict[str, float] | None:
+        """Return the metrics over the held-out split (None without one)."""
+        if len(self.eval_ids) == 0:
+            return None
+        self.draft.eval()
+        plan = B.plan_epoch(self.eval_ids, self.lengths, self.config.seed, 0, self.config.row_tokens,
+                            self.config.token_budget, shuffle=False)
+        sums, loss_tokens = StepSums.zeros(self.config.ttt_steps), 0
+        for micro in plan[self.ranks.rank::self.ranks.world]:
+            batch = self._batch(micro)
+            scorer, _ = self._scores(batch)
+            sums = sums + scorer.sums
+            loss_tokens += loss_token_count(batch.doc_ids, batch.loss_mask)
+        stacked = all_reduce_sum(sums.stacked(), self.ranks)
+        total = all_reduce_sum(torch.tensor([float(loss_tokens)], dtype=torch.float64), self.ranks)
+        return metrics_of(StepSums.from_stacked(stacked), total.item())
+
+    def set_lr(self, step: int) -> float:
+        lr = self.config.lr * lr_factor(step, self.total, self.warmup, self.config.min_lr_fraction)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        return lr
+
+
+def _trim_metrics(path: Path, last_step: int) -> None:
+    """Keep the metric lines up to `last_step` (a resumed run rewrites what came after its checkpoint)."""
+    if not path.is_file():
+        return
+    kept = []
+    for line in path.read_text(encoding="utf-8").splitlines(keepends=True):
+        if not line.endswith("\n"):
+            break  # the partial line of a killed writer
+        if json.loads(line)["step"] <= last_step:
+            kept.append(line)
+    write_text_atomic(path, "".join(kept))
+
+
+class _MetricsLog:
+    """`metrics.jsonl` (one JSON object per line, flushed) and TensorBoard when it is installed."""
+
+    def __init__(self, run_dir: Path, enabled: bool) -> None:
+        self.enabled = enabled
+        self.handle = open(run_dir / METRICS, "a", encoding="utf-8") if enabled else None
+        self.board = None
+        if enabled:
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+
+                self.board = SummaryWriter(str(run_dir / "tensorboard"))
+            except ImportError:
+                pass
+
+    def write(self, record: dict[str, object]) -> None:
+        if not self.handle:
+            return
+        self.handle.write(json.dumps(record, sort_keys=True) + "\n")
+        self.handle.flush()
+        if self.board is not None:
+            for key, value in record.items():
+                if isinstance(value, float):
+                    self.board.add_scalar(f"{record['split']}/{key}", value, int(record["step"]))  # type: ignore[arg-type]
+
+    def close(self) -> None:
+        if self.handle:
+            self.handle.close()
+        if self.board is not None:
+            self.board.close()
+
+
+def run_train(config: TrainConfig) -> TrainResult:
+    """Train (or resume, or reuse) the run in `config.out`; return where it ended.
+
+    Everything that can be checked without weights is checked first (inputs belong together,
+    output directory free or this run's). Resumes from the newest checkpoint of the same run.
+    """
+    ranks = current_ranks()
+    setup = resolve_train(config)
+    device_name = rank_device(ranks, resolve_device(config.device))
+    init_distributed(ranks, device_name)
+    run_key = _run_key(config, setup)
+    out = config.out
+    if ranks.rank == 0:
+        resuming = claim_output_dir(out, run_key, _existing_keys(out), _OWN, config.overwrite, "an eyas training run")
+        if config.resume and not resuming:
+            raise EyasError(f"{out}: --resume: no checkpoint of this run to resume from")
+        write_resolved_config(config, "train", out)
+    barrier(ranks)
+    if (out / SUMMARY).is_file():
+        summary = json.loads((out / SUMMARY).read_text(encoding="utf-8"))
+        return TrainResult(out, summary["steps"], summary["final"], summary["eval"], True)
+
+    trainer = _Trainer(config, setup, ranks, torch.device(device_name), run_key)
+    state = TrainerState(run_key=run_key, step=0, epoch=0, step_in_epoch=0, tokens=0)
+    window = StepSums.zeros(config.ttt_steps)
+    window_tokens = 0.0
+    checkpoints = list_checkpoints(out)
+    if checkpoints:
+        state = load_checkpoint(checkpoints[-1], trainer.draft, trainer.optimizer)
+        window = StepSums.from_stacked(torch.tensor(state.window, dtype=torch.float64))
+        window_tokens = state.window_loss_tokens
+    if ranks.rank == 0:
+        _trim_metrics(out / METRICS, state.step)
+    log = _MetricsLog(out, ranks.rank == 0)
+    started, tokens_at_start = time.monotonic(), state.tokens
+    last_eval: dict[str, float] | None = None
+    last_train: dict[str, float] = {}
+    try:
+        with stage_progress() as bar:
+            task = bar.add_task("train", total=trainer.total, completed=state.step, rate="")
+            while state.step < trainer.total:
+                plan = trainer.plan(state.epoch)
+                lr = trainer.set_lr(state.step)
+                share = B.step_share(plan, state.step_in_epoch, trainer.per_step, ranks.rank, ranks.world)
+                sums, loss_tokens, tokens, grad_norm = trainer.train_step(share)
+                window, window_tokens = window + sums, window_tokens + loss_tokens
+                state.step += 1
+                state.tokens += tokens
+                state.step_in_epoch += 1
+                if state.step_in_epoch >= B.steps_in(len(plan), trainer.per_step):
+                    state.epoch, state.step_in_epoch = state.epoch + 1, 0
+                rate = (state.tokens - tokens_at_start) / max(time.monotonic() - started, 1e-9)
+                metrics = last_train = metrics_of(window, window_tokens)
+                bar.update(task, completed=state.step, rate=f"{rate:,.0f} tok/s  loss {metrics['loss']:.3f}  "
+                                                             f"acc0 {metrics['acc_0']:.2f}  tau {metrics['implied_tau']:.2f}")
+                last = state.step == trainer.total
+                if state.step % config.log_every == 0 or last:
+                    log.write({"split": "train", "step": state.step, "epoch": state.epoch, "tokens": state.tokens,
+                               "lr": lr, "grad_norm": grad_norm, "tokens_per_s": rate, **metrics})
+                    window, window_tokens = StepSums.zeros(config.ttt_steps), 0.0
+                if state.step % config.eval_every == 0 or last:
+                    last_eval = trainer.evaluate()
+                    score = (last_eval or metrics)["implied_tau"]
+                    if last_eval is not None:
+                        log.write({"split": "eval", "step": state.step, **last_eval})
+                    if state.best_tau is None or score > state.best_tau:
+                        state.best_step, state.best_tau = state.step, score
+                        if ranks.rank == 0:
+                            save_draft(trainer.draft, out / "best")
+                if state.step % config.save_every == 0 or last:
+                    state.window, state.window_loss_tokens = window.stacked().tolist(), window_tokens
+                    if ranks.rank == 0:
+                        save_checkpoint(out, trainer.draft, trainer.optimizer, state)
+                        prune_checkpoints(out, config.keep_last, state.best_step)
+                    barrier(ranks)
+    finally:
+        log.close()
+        trainer.close()
+    if ranks.rank == 0:
+        save_draft(trainer.draft, out / "final")
+        write_json_atomic(out / SUMMARY, {"run_key": run_key, "steps": state.step, "final": last_train, "eval": last_eval,
+                                          "best_step": state.best_step, "best_implied_tau": state.best_tau})
+    barrier(ranks)
+    return TrainResult(out, state.step, last_train, last_eval, False)

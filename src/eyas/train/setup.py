@@ -1,0 +1,144 @@
+"""Everything `eyas train` decides before touching weights: mode, target, vocabulary, draft config,
+and the checks that a store, a dataset, a warm-start draft and the target belong together."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from safetensors.numpy import load_file
+
+from eyas.config import TrainConfig
+from eyas.data import dataset as ds
+from eyas.data.vocab import DraftVocab, cached_draft_vocab, load_draft_vocab
+from eyas.draft.config import DraftConfig, draft_config_for_target, read_draft_config
+from eyas.errors import EyasError
+from eyas.features.store import MANIFEST, StoreManifest, read_store_manifest
+from eyas.target.fingerprint import TargetFingerprint, target_fingerprint
+from eyas.target.layers import default_aux_layers, to_input_convention
+from eyas.target.load import load_config
+from eyas.target.tokenizer import load_tokenizer
+
+DEFAULT_DRAFT_VOCAB = 32000
+
+
+@dataclass(frozen=True)
+class TrainSetup:
+    """The resolved inputs of a training run."""
+
+    online: bool
+    target: Path
+    dataset_dir: Path
+    store: StoreManifest | None
+    vocab: DraftVocab
+    draft_config: DraftConfig
+
+
+def check_store_matches(store_dir: Path, manifest: StoreManifest, draft: DraftConfig) -> None:
+    """Refuse a feature store that was not extracted for `draft`: another target, hidden size,
+    aux layers or layer convention (each named, all at once)."""
+    problems = []
+    if draft.target is not None and manifest.target.id != draft.target.id:
+        problems.append(f"target: extracted from {manifest.target_path} (fingerprint {manifest.target.id[:12]}), "
+                        f"the draft is for fingerprint {draft.target.id[:12]}")
+    if manifest.hidden_size != draft.target_hidden_size:
+        problems.append(f"hidden_size: {manifest.hidden_size}, the draft reads {draft.target_hidden_size}")
+    if manifest.layer_convention != draft.layer_convention:
+        problems.append(f"layer_convention: {manifest.layer_convention}, the draft uses {draft.layer_convention}")
+    if manifest.layer_ids != draft.aux_layer_ids:
+        problems.append(f"layer_ids: {manifest.layer_ids}, the draft reads {draft.aux_layer_ids} "
+                        f"({draft.layer_convention} convention)")
+    if problems:
+        raise EyasError(f"{store_dir / MANIFEST}: does not match the draft: " + "; ".join(problems))
+
+
+def _dataset_vocab(dataset_dir: Path, manifest: ds.DatasetManifest, size: int | None) -> DraftVocab:
+    """Return the dataset's own vocabulary, or one of `size` selected from its token counts (cached)."""
+    if manifest.vocab is not None and size in (None, manifest.vocab.size):
+        return load_draft_vocab(dataset_dir / manifest.vocab.file, manifest.fingerprint)
+    counts = load_file(str(dataset_dir / manifest.token_counts_file))["counts"]
+    return cached_draft_vocab(dataset_dir, manifest.fingerprint, counts, min(size or DEFAULT_DRAFT_VOCAB, len(counts)))[0]
+
+
+def _warm_start_vocab(init: Path, dataset_dir: Path, manifest: ds.DatasetManifest) -> DraftVocab:
+    """Return the vocabulary of the draft in `init`; refuses one that differs from the dataset's own."""
+    from safetensors import safe_open
+
+    from eyas.draft.config import WEIGHTS_FILE
+
+    with safe_open(str(init / WEIGHTS_FILE), framework="numpy") as handle:
+        d2t, t2d = handle.get_tensor("d2t"), handle.get_tensor("t2d")
+    if manifest.vocab is not None:
+        mine = load_draft_vocab(dataset_dir / manifest.vocab.file, manifest.fingerprint)
+        if len(mine.d2t) != len(d2t) or not np.array_equal(mine.d2t, d2t):
+            differing = int((mine.token_ids[: len(d2t)] != (np.arange(len(d2t)) + d2t)[: len(mine.d2t)]).sum()) \
+                if len(mine.d2t) == len(d2t) else abs(len(mine.d2t) - len(d2t))
+            raise EyasError(
+                f"{init / WEIGHTS_FILE}: d2t: the warm-start draft's vocabulary ({len(d2t)} tokens) differs from "
+                f"{dataset_dir / manifest.vocab.file} ({len(mine.d2t)} tokens, {differing} differ); training would "
+                "score the draft against the wrong tokens. Prepare the dataset without --draft-vocab-size "
+                "(the draft's mapping is then used) or start from scratch"
+            )
+    return DraftVocab(d2t, t2d, float("nan"))
+
+
+def _aux_ids(config: TrainConfig, num_layers: int) -> list[int]:
+    if config.layers is None:
+        return default_aux_layers(num_layers)
+    if config.layer_convention is None:
+        raise EyasError("layer_convention: required with layers (input: vLLM/EAGLE, output: SGLang)")
+    return to_input_convention(config.layers, config.layer_convention, num_layers)
+
+
+def resolve_train(config: TrainConfig) -> TrainSetup:
+    """Return the run's setup; refuses, before any weight is read, inputs that do not belong together."""
+    if config.features is None and config.data is None:
+        raise EyasError("train: give --features STORE_DIR (offline) or --data DATASET_DIR (online)")
+    store = read_store_manifest(config.features) if config.features is not None else None
+    target = config.target or (Path(store.target_path) if store else None)
+    if target is None:
+        raise EyasError("target: required for online training (--target)")
+    if not target.exists():
+        raise EyasError(f"{target}: target not found (--target)")
+    dataset_dir = config.data or Path(store.dataset_path)  # type: ignore[union-attr]
+    manifest = ds.read_manifest(dataset_dir)
+    if store is not None and manifest.fingerprint != store.dataset_fingerprint:
+        raise EyasError(f"{dataset_dir / ds.MANIFEST}: fingerprint: not the dataset the store in {config.features} "
+                        "was extracted from")
+    fingerprint: TargetFingerprint = target_fingerprint(target, load_tokenizer(target, config.trust_remote_code))
+    if store is not None and store.target.id != fingerprint.id:
+        raise EyasError(f"{config.features / MANIFEST}: target: extracted from {store.target_path}, not from {target} "
+                        "(fingerprints differ)")
+    if not manifest.target.tokenization_matches(fingerprint):
+        raise EyasError(f"{dataset_dir / ds.MANIFEST}: target: the dataset was tokenized for {manifest.target_path}, "
+                        f"whose tokenizer or chat template differs from {target}'s")
+    target_config = load_config(target, config.trust_remote_code)
+    num_layers = int((getattr(target_config, "text_config", None) or target_config).num_hidden_layers)
+    aux_ids = store.layer_ids if store is not None else _aux_ids(config, num_layers)
+
+    if config.init is not None:
+        vocab = _warm_start_vocab(config.init, dataset_dir, manifest)
+        init = read_draft_config(config.init)
+        draft_config = DraftConfig.model_validate({**init.model_dump(), "target": fingerprint})
+        if init.aux_layer_ids != aux_ids or init.target_hidden_size != draft_config_for_target(
+                target_config, aux_ids, len(vocab.d2t), fingerprint).target_hidden_size:
+            raise EyasError(f"{config.init}: the warm-start draft reads layers {init.aux_layer_ids} of a "
+                            f"{init.target_hidden_size}-wide target; this run has layers {aux_ids}")
+    else:
+        vocab = _dataset_vocab(dataset_dir, manifest, config.draft_vocab_size)
+        draft_config = draft_config_for_target(
+            target_config, aux_ids, len(vocab.d2t), fingerprint,
+            {"num_hidden_layers": config.num_layers, "intermediate_size": config.intermediate_size},
+        )
+    if len(vocab.t2d) != draft_config.vocab_size:
+        raise EyasError(f"vocab: t2d covers {len(vocab.t2d)} target tokens, the target has {draft_config.vocab_size}")
+    if store is not None:
+        check_store_matches(config.features, store, draft_config)  # type: ignore[arg-type]
+    return TrainSetup(store is None, target, dataset_dir, store, vocab, draft_config)
+
+
+def vocab_tensors(vocab: DraftVocab) -> tuple[torch.Tensor, torch.Tensor]:
+    """Return `(d2t [N] int64, t2d [V] bool)` as tensors."""
+    return torch.from_numpy(np.asarray(vocab.d2t, dtype=np.int64)), torch.from_numpy(np.asarray(vocab.t2d, dtype=bool))
