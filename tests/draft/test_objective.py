@@ -5,6 +5,7 @@ the restricted teacher, and the teacher head (draft-vocabulary logits, full-voca
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 
 import pytest
 import torch
@@ -26,6 +27,15 @@ DRAFT_IDS = [1, 3, 4]
 D2T = torch.tensor([1, 2, 2])
 T2D = torch.tensor([False, True, False, True, True, False])
 TO_DRAFT = {1: 0, 3: 1, 4: 2}
+
+
+@pytest.fixture(autouse=True)
+def one_thread() -> Iterator[None]:
+    """Tiny tensors: one intra-op thread; two threads on two busy cores run these tests several times slower."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
 
 
 def bools(*rows: str) -> torch.Tensor:
@@ -175,7 +185,8 @@ def test_soft_cross_entropy_is_the_hand_computation_and_minimal_at_the_teacher()
         assert loss_of(other)[0].item() > entropy + 1e-4
 
 
-def make_teacher_case(vocab: int = 40, hidden: int = 16) -> tuple[LlamaRMSNorm, torch.Tensor, torch.Tensor, torch.Tensor]:
+def make_teacher_case(vocab: int = 40, hidden: int = 16
+                      ) -> tuple[LlamaRMSNorm, torch.Tensor, torch.Tensor, torch.Tensor]:
     generator = torch.Generator().manual_seed(0)
     norm = LlamaRMSNorm(hidden, eps=1e-6)
     with torch.no_grad():

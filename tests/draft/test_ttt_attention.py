@@ -4,11 +4,18 @@ packed row never see each other; the diagonal terms of earlier steps are where t
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import pytest
 import torch
 import transformers
 
-from eyas.draft.attention import EagerTTTAttention, FlexTTTAttention, default_attention
+from eyas.draft.attention import (
+    AttentionFactory,
+    EagerTTTAttention,
+    FlexTTTAttention,
+    default_attention,
+)
 from eyas.draft.config import draft_config_for_target
 from eyas.draft.model import Eagle3Draft
 from eyas.draft.objective import StepScorer, Teacher, step_validity, weighted_objective
@@ -20,6 +27,15 @@ FLEX_WARNING = "ignore:flex_attention called without torch.compile"
 # Documents of each packed row as (doc id, length); the rest of the row is padding (doc id -1).
 ROWS = [[(0, 9), (1, 8)], [(0, 6), (1, 11), (2, 5)]]
 LENGTH = 24
+
+
+@pytest.fixture(autouse=True)
+def one_thread() -> Iterator[None]:
+    """Tiny tensors: one intra-op thread; two threads on two busy cores run these tests several times slower."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
 
 
 class DenseTTTAttention:
@@ -54,7 +70,7 @@ class DenseTTTAttention:
         return torch.cat(blocks, dim=-1)[:, None]
 
     def __call__(self, q: torch.Tensor, keys: list[torch.Tensor], values: list[torch.Tensor]) -> torch.Tensor:
-        B, heads, T, d = q.shape
+        B, heads, _, d = q.shape
         k = torch.cat(keys, dim=2)  # [B, kv, (j+1)T, d]
         v = torch.cat(values, dim=2)
         kv_heads = k.shape[1]
@@ -72,7 +88,8 @@ def make_draft(heads: int = 4, kv_heads: int = 2, layers: int = 1, seed: int = 0
                                       num_hidden_layers=6, max_position_embeddings=128)
     config = draft_config_for_target(target, aux_layer_ids=[2, 4, 5], draft_vocab_size=DRAFT_VOCAB, target=None,
                                      overrides={"num_hidden_layers": layers})
-    assert (config.num_attention_heads, config.num_key_value_heads, config.num_hidden_layers) == (heads, kv_heads, layers)
+    assert (config.num_attention_heads, config.num_key_value_heads) == (heads, kv_heads)
+    assert config.num_hidden_layers == layers
     draft = Eagle3Draft(config)
     generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():
@@ -111,12 +128,13 @@ def packed_batch(seed: int = 0) -> dict[str, torch.Tensor]:
     }
 
 
-def run_unroll(draft: Eagle3Draft, batch: dict[str, torch.Tensor], attention=None) -> list[torch.Tensor]:  # noqa: ANN001
+def run_unroll(draft: Eagle3Draft, batch: dict[str, torch.Tensor], attention: AttentionFactory | None = None
+               ) -> list[torch.Tensor]:
     return list(unroll(draft, batch["aux"], batch["input_ids"], batch["position_ids"], batch["doc_ids"], STEPS,
                        attention=attention))
 
 
-def logits_and_grads(draft: Eagle3Draft, batch: dict[str, torch.Tensor], attention=None  # noqa: ANN001
+def logits_and_grads(draft: Eagle3Draft, batch: dict[str, torch.Tensor], attention: AttentionFactory | None = None
                      ) -> tuple[list[torch.Tensor], dict[str, torch.Tensor]]:
     """Unroll, back-propagate the weighted TTT loss plus a random-weighted sum of every step's logits."""
     draft.zero_grad(set_to_none=True)
@@ -188,7 +206,7 @@ def random_step_kv(steps: int, heads: int = 4, kv_heads: int = 2, seed: int = 0
 
 @pytest.mark.filterwarnings(FLEX_WARNING)
 @pytest.mark.parametrize("path", [EagerTTTAttention, FlexTTTAttention], ids=["eager", "flex"])
-def test_attention_call_equals_dense_reference_and_not_its_wrong_variants(path) -> None:  # noqa: ANN001
+def test_attention_call_equals_dense_reference_and_not_its_wrong_variants(path: AttentionFactory) -> None:
     doc_ids = packed_batch()["doc_ids"]
     q, keys, values = random_step_kv(STEPS)
     fast, ref = path(doc_ids), DenseTTTAttention(doc_ids)
@@ -207,7 +225,7 @@ def test_attention_call_equals_dense_reference_and_not_its_wrong_variants(path) 
 
 @pytest.mark.filterwarnings(FLEX_WARNING)
 @pytest.mark.parametrize("path", [EagerTTTAttention, FlexTTTAttention], ids=["eager", "flex"])
-def test_earlier_step_keys_reach_only_the_same_position(path) -> None:  # noqa: ANN001
+def test_earlier_step_keys_reach_only_the_same_position(path: AttentionFactory) -> None:
     doc_ids = packed_batch()["doc_ids"]
     q, keys, values = random_step_kv(3)
     attend = path(doc_ids)
@@ -252,7 +270,7 @@ def test_dropped_or_misplaced_diagonals_change_the_unrolled_logits() -> None:
 @pytest.mark.filterwarnings(FLEX_WARNING)
 @pytest.mark.parametrize("path", [EagerTTTAttention, FlexTTTAttention], ids=["eager", "flex"])
 @pytest.mark.parametrize("changed_doc", [0, 1, 2], ids=["first", "middle", "last"])
-def test_documents_of_a_packed_row_never_see_each_other(path, changed_doc: int) -> None:  # noqa: ANN001
+def test_documents_of_a_packed_row_never_see_each_other(path: AttentionFactory, changed_doc: int) -> None:
     draft = make_draft(4, 2, 2)
     batch = packed_batch()
     row = 1  # documents 0 (t 0..5), 1 (t 6..16), 2 (t 17..21), padding (t 22, 23)

@@ -36,6 +36,8 @@ class TrainerState(BaseModel):
     best_tau: float | None = None
     window: list[list[float]] = []
     window_loss_tokens: float = 0.0
+    last_train: dict[str, float] = {}
+    last_eval: dict[str, float] | None = None
 
 
 def checkpoint_dir(run_dir: Path, step: int) -> Path:

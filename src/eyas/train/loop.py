@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 
 from eyas.config import TrainConfig, write_resolved_config
+from eyas.data.dataset import read_manifest
 from eyas.distributed import Ranks, all_reduce_gradients, all_reduce_sum, barrier, current_ranks, init_distributed, rank_device
 from eyas.draft.model import Eagle3Draft, load_draft, save_draft, set_embedding
 from eyas.draft.objective import StepScorer, StepSums, TeacherHead, loss_token_count, metrics_of, weighted_objective
@@ -54,6 +55,8 @@ def _run_key(config: TrainConfig, setup: TrainSetup) -> str:
     decisive = {k: v for k, v in config.model_dump(mode="json").items() if k not in _NOT_DECISIVE}
     decisive["target"] = setup.draft_config.target.id if setup.draft_config.target else None
     decisive["store"] = setup.store.run_key if setup.store else None
+    decisive["dataset"] = read_manifest(setup.dataset_dir).fingerprint  # online: the store key does not cover it
+    decisive["vocab"] = sha256_text(",".join(map(str, setup.vocab.d2t.tolist())))  # re-prepared vocab, same fingerprint
     return sha256_text(json.dumps(decisive, sort_keys=True))
 
 
@@ -276,8 +279,7 @@ def run_train(config: TrainConfig) -> TrainResult:
         _trim_metrics(out / METRICS, state.step)
     log = _MetricsLog(out, ranks.rank == 0)
     started, tokens_at_start = time.monotonic(), state.tokens
-    last_eval: dict[str, float] | None = None
-    last_train: dict[str, float] = {}
+    last_train, last_eval = state.last_train, state.last_eval
     try:
         with stage_progress() as bar:
             task = bar.add_task("train", total=trainer.total, completed=state.step, rate="")
@@ -312,6 +314,7 @@ def run_train(config: TrainConfig) -> TrainResult:
                             save_draft(trainer.draft, out / "best")
                 if state.step % config.save_every == 0 or last:
                     state.window, state.window_loss_tokens = window.stacked().tolist(), window_tokens
+                    state.last_train, state.last_eval = last_train, last_eval
                     if ranks.rank == 0:
                         save_checkpoint(out, trainer.draft, trainer.optimizer, state)
                         prune_checkpoints(out, config.keep_last, state.best_step)
