@@ -73,8 +73,7 @@ def _warm_start_vocab(init: Path, dataset_dir: Path, manifest: ds.DatasetManifes
     if manifest.vocab is not None:
         mine = load_draft_vocab(dataset_dir / manifest.vocab.file, manifest.fingerprint)
         if len(mine.d2t) != len(d2t) or not np.array_equal(mine.d2t, d2t):
-            differing = int((mine.token_ids[: len(d2t)] != (np.arange(len(d2t)) + d2t)[: len(mine.d2t)]).sum()) \
-                if len(mine.d2t) == len(d2t) else abs(len(mine.d2t) - len(d2t))
+            differing = len(np.setdiff1d(np.arange(len(d2t)) + d2t, mine.token_ids))
             raise EyasError(
                 f"{init / WEIGHTS_FILE}: d2t: the warm-start draft's vocabulary ({len(d2t)} tokens) differs from "
                 f"{dataset_dir / manifest.vocab.file} ({len(mine.d2t)} tokens, {differing} differ); training would "
@@ -115,15 +114,15 @@ def resolve_train(config: TrainConfig) -> TrainSetup:
         raise EyasError(f"{dataset_dir / ds.MANIFEST}: target: the dataset was tokenized for {manifest.target_path}, "
                         f"whose tokenizer or chat template differs from {target}'s")
     target_config = load_config(target, config.trust_remote_code)
-    num_layers = int((getattr(target_config, "text_config", None) or target_config).num_hidden_layers)
+    text_config = getattr(target_config, "text_config", None) or target_config
+    num_layers, target_hidden = int(text_config.num_hidden_layers), int(text_config.hidden_size)
     aux_ids = store.layer_ids if store is not None else _aux_ids(config, num_layers)
 
     if config.init is not None:
         vocab = _warm_start_vocab(config.init, dataset_dir, manifest)
         init = read_draft_config(config.init)
         draft_config = DraftConfig.model_validate({**init.model_dump(), "target": fingerprint})
-        if init.aux_layer_ids != aux_ids or init.target_hidden_size != draft_config_for_target(
-                target_config, aux_ids, len(vocab.d2t), fingerprint).target_hidden_size:
+        if init.aux_layer_ids != aux_ids or init.target_hidden_size != target_hidden:
             raise EyasError(f"{config.init}: the warm-start draft reads layers {init.aux_layer_ids} of a "
                             f"{init.target_hidden_size}-wide target; this run has layers {aux_ids}")
     else:
