@@ -169,6 +169,7 @@ def train(
     layers: LayersOption = None, layer_convention: ConventionOption = None, device: DeviceOption = None,
     resume: Annotated[Optional[bool], typer.Option("--resume", help="Require a checkpoint in --out to continue.")] = None,
     overwrite: Annotated[Optional[bool], typer.Option("--overwrite", help="Replace another run in --out.")] = None,
+    fsdp: Annotated[Optional[bool], typer.Option("--fsdp", help="Under torchrun: shard the draft (FSDP2).")] = None,
     config: ConfigOption = None,
     overrides: Overrides = None,
 ) -> None:
@@ -180,7 +181,8 @@ def train(
     flags = _extract_flags(target, data, out, layers, layer_convention, None, None, device)
     flags.update({"features": features, "init": init, "draft_vocab_size": draft_vocab_size, "num_layers": num_layers,
                   "ttt_steps": ttt_steps, "max_steps": max_steps, "epochs": epochs, "lr": lr, "grad_accum": grad_accum,
-                  "token_budget": token_budget, "seed": seed, "resume": resume, "overwrite": overwrite})
+                  "token_budget": token_budget, "seed": seed, "resume": resume, "overwrite": overwrite,
+                  "fsdp": fsdp})
     result = run_train(load_stage_config(TrainConfig, "train", config, flags, overrides))
     print_train_summary(result)
 

@@ -99,6 +99,7 @@ class TrainConfig(StageConfig):
     save_every: PositiveInt = Field(200, description="write a checkpoint every N optimizer steps (and at the end)")
     keep_last: PositiveInt = Field(2, description="checkpoints kept besides the best one")
     device: str | None = Field(None, description="cpu, cuda or cuda:N (default cuda if present; LOCAL_RANK under torchrun)")
+    fsdp: bool = Field(False, description="under torchrun: shard the draft's weights, gradients and AdamW moments (FSDP2)")
     dtype: Literal["bfloat16", "float32"] = Field("bfloat16", description="autocast dtype on CUDA (CPU runs float32)")
     target_dtype: Literal["bfloat16", "float16", "float32"] = Field("bfloat16", description="dtype of the target parts")
     layers: list[int] | None = Field(None, description="online: aux layer ids (default: EAGLE-3's 3 layers)")

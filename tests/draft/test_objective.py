@@ -5,7 +5,6 @@ the restricted teacher, and the teacher head (draft-vocabulary logits, full-voca
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
 
 import pytest
 import torch
@@ -22,20 +21,13 @@ from eyas.draft.objective import (
     weighted_objective,
 )
 
+pytestmark = pytest.mark.usefixtures("one_thread")
+
 # Target vocabulary of 6 ids, draft vocabulary = target ids [1, 3, 4] (sorted): d2t[i] = id_i - i.
 DRAFT_IDS = [1, 3, 4]
 D2T = torch.tensor([1, 2, 2])
 T2D = torch.tensor([False, True, False, True, True, False])
 TO_DRAFT = {1: 0, 3: 1, 4: 2}
-
-
-@pytest.fixture(autouse=True)
-def one_thread() -> Iterator[None]:
-    """Tiny tensors: one intra-op thread; two threads on two busy cores run these tests several times slower."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def bools(*rows: str) -> torch.Tensor:

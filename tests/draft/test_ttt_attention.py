@@ -4,8 +4,6 @@ packed row never see each other; the diagonal terms of earlier steps are where t
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 import torch
 import transformers
@@ -21,21 +19,14 @@ from eyas.draft.model import Eagle3Draft
 from eyas.draft.objective import StepScorer, Teacher, step_validity, weighted_objective
 from eyas.draft.ttt import unroll
 
+pytestmark = pytest.mark.usefixtures("one_thread")
+
 STEPS = 7
 VOCAB, DRAFT_VOCAB, HIDDEN = 64, 24, 32
 FLEX_WARNING = "ignore:flex_attention called without torch.compile"
 # Documents of each packed row as (doc id, length); the rest of the row is padding (doc id -1).
 ROWS = [[(0, 9), (1, 8)], [(0, 6), (1, 11), (2, 5)]]
 LENGTH = 24
-
-
-@pytest.fixture(autouse=True)
-def one_thread() -> Iterator[None]:
-    """Tiny tensors: one intra-op thread; two threads on two busy cores run these tests several times slower."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 class DenseTTTAttention:

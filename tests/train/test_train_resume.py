@@ -1,10 +1,12 @@
 """`eyas train` killed with SIGKILL resumes to the uninterrupted run's losses and weights; torchrun with
-2 gloo ranks and `--grad-accum 1` computes the same steps as one process with `--grad-accum 2`."""
+2 gloo ranks and `--grad-accum 1` computes the same steps as one process with `--grad-accum 2`, with
+and without `--fsdp`, and an FSDP run resumes a single-process checkpoint."""
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -19,7 +21,7 @@ from eyas.data.prepare import run_prepare
 from eyas.features.extract import run_extract
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "data"
-EYAS = str(Path(sys.executable).parent / "eyas")  # `python -m eyas.cli` has no __main__ guard
+EYAS = str(Path(sys.executable).parent / "eyas")
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
 STEPS = 6
 
@@ -39,12 +41,14 @@ def store(weighted_target, tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root / "store"
 
 
-def train_command(store: Path, out: Path, grad_accum: int, *extra: str, launcher: list[str] | None = None) -> list[str]:
-    """6 steps over 4 micro-batches per epoch (rows <= 128 tokens, 512-token micro-batches): the epoch
-    boundaries, a mid-epoch checkpoint at step 3 and held-out evaluations every 2 steps are all crossed."""
-    prefix = [*launcher, EYAS] if launcher else [EYAS]
+def train_command(store: Path, out: Path, grad_accum: int, *extra: str, launcher: list[str] | None = None,
+                  token_budget: int = 512) -> list[str]:
+    """6 steps over 4 micro-batches per epoch (rows <= 128 tokens, 512-token micro-batches; 5 with a
+    384-token budget): the epoch boundaries, a mid-epoch checkpoint at step 3 and held-out evaluations
+    (one micro-batch) every 2 steps are all crossed."""
+    prefix = [*launcher, "-m", "eyas"] if launcher else [EYAS]  # as docs/train.md runs torchrun
     return [*prefix, "train", "--features", str(store), "--out", str(out), "--max-steps", str(STEPS),
-            "--grad-accum", str(grad_accum), "--ttt-steps", "2", "--token-budget", "512", "--device", "cpu",
+            "--grad-accum", str(grad_accum), "--ttt-steps", "2", "--token-budget", str(token_budget), "--device", "cpu",
             "row_tokens=128", "log_every=1", "save_every=3", "eval_every=2", *extra]
 
 
@@ -117,12 +121,13 @@ def test_resume_with_nothing_to_resume_is_refused(store: Path, run_cli, tmp_path
     assert not (out / "metrics.jsonl").exists() and not (out / "final").exists()
 
 
-def test_torchrun_two_gloo_ranks_match_one_process_with_twice_the_accumulation(store: Path, uninterrupted: Path,
-                                                                               tmp_path: Path) -> None:
-    ranked = tmp_path / "ranked"
-    done = subprocess.run(train_command(store, ranked, 1, launcher=TORCHRUN), check=False, capture_output=True,
-                          text=True, env=environment())
+def run_ok(command: list[str]) -> None:
+    done = subprocess.run(command, check=False, capture_output=True, text=True, env=environment(), timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
+
+
+def assert_same_run(ranked: Path, uninterrupted: Path) -> None:
+    """Same per-step train and eval losses, tokens per step and final weights as the one-process run."""
     expected, got = losses(uninterrupted), losses(ranked)
     assert got.keys() == expected.keys()
     for step, loss in expected.items():
@@ -131,3 +136,37 @@ def test_torchrun_two_gloo_ranks_match_one_process_with_twice_the_accumulation(s
            [line["tokens"] for line in metric_lines(uninterrupted) if line["split"] == "train"]
     assert losses(ranked, "eval") == pytest.approx(losses(uninterrupted, "eval"), rel=1e-4)
     assert_same_weights(final_weights(ranked), final_weights(uninterrupted), atol=1e-5)
+
+
+def test_torchrun_two_gloo_ranks_match_one_process_with_twice_the_accumulation(store: Path, uninterrupted: Path,
+                                                                               tmp_path: Path) -> None:
+    run_ok(train_command(store, tmp_path / "ranked", 1, launcher=TORCHRUN))
+    assert_same_run(tmp_path / "ranked", uninterrupted)
+
+
+def test_fsdp_ranks_match_one_process_with_short_steps_and_evaluations(store: Path, tmp_path: Path) -> None:
+    """5 micro-batches per epoch in steps of 2: every third step, and every evaluation (one micro-batch),
+    leaves rank 1 without a micro-batch of its own, so it runs a zero-weight one for FSDP's collectives."""
+    run_ok(train_command(store, tmp_path / "single", 2, token_budget=384))
+    run_ok(train_command(store, tmp_path / "fsdp", 1, "--fsdp", launcher=TORCHRUN, token_budget=384))
+    assert_same_run(tmp_path / "fsdp", tmp_path / "single")
+    tokens = [line["tokens"] for line in metric_lines(tmp_path / "fsdp") if line["split"] == "train"]
+    assert len({b - a for a, b in zip([0, *tokens], tokens)}) > 1  # steps of different sizes were crossed
+    summary, single = (json.loads((tmp_path / run / "summary.json").read_text()) for run in ("fsdp", "single"))
+    assert (summary["ranks"], summary["fsdp"], single["ranks"], single["fsdp"]) == (2, True, 1, False)
+    assert summary["draft_parameters"] == single["draft_parameters"] == single["draft_parameters_on_rank"]
+    assert summary["draft_parameters_on_rank"] <= summary["draft_parameters"] // 2 + 1024  # sharded, + padding
+
+
+def test_fsdp_resumes_a_one_process_checkpoint(store: Path, uninterrupted: Path, tmp_path: Path) -> None:
+    """The one-process run's step-3 checkpoint, continued by 2 FSDP ranks (shards of weights and AdamW
+    moments loaded, whole tensors gathered into the step-6 checkpoint), ends where that run ended."""
+    resumed = tmp_path / "resumed"
+    checkpoint = Path("checkpoints") / "step-00000003"
+    shutil.copytree(uninterrupted / checkpoint, resumed / checkpoint)
+    run_ok(train_command(store, resumed, 1, "--fsdp", "--resume", launcher=TORCHRUN))
+    assert losses(resumed) == pytest.approx({s: v for s, v in losses(uninterrupted).items() if s > 3}, rel=1e-4)
+    assert_same_weights(final_weights(resumed), final_weights(uninterrupted), atol=1e-5)
+    for name in ("draft/model.safetensors", "optimizer.safetensors"):
+        got, expected = (load_file(str(run / "checkpoints" / "step-00000006" / name)) for run in (resumed, uninterrupted))
+        assert_same_weights(got, expected, atol=1e-5)

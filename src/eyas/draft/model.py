@@ -153,9 +153,14 @@ class Eagle3Draft(nn.Module):
 
 def save_draft(draft: Eagle3Draft, out: Path) -> None:
     """Write `out/config.json` and `out/model.safetensors` (embedding excluded), each atomically."""
-    tensors = {name: t.detach().to("cpu").contiguous() for name, t in draft.trainable_state().items()}
+    write_draft(draft.config, draft.trainable_state(), out)
+
+
+def write_draft(config: DraftConfig, tensors: dict[str, torch.Tensor], out: Path) -> None:
+    """Write a draft directory from its config and saved tensors (as `trainable_state` names them)."""
+    tensors = {name: t.detach().to("cpu").contiguous() for name, t in tensors.items()}
     write_atomic(out / WEIGHTS_FILE, lambda tmp: save_file(tensors, str(tmp), metadata={"format": "pt"}))
-    write_json_atomic(out / CONFIG_FILE, draft.config.model_dump(mode="json"))
+    write_json_atomic(out / CONFIG_FILE, config.model_dump(mode="json"))
 
 
 def load_draft(draft_dir: Path, embed_weight: torch.Tensor | None = None) -> Eagle3Draft:

@@ -80,11 +80,6 @@ def steps_in(micro_batches: int, per_step: int) -> int:
     return -(-micro_batches // per_step)
 
 
-def step_share(plan: list[MicroBatch], step: int, per_step: int, rank: int, world: int) -> list[MicroBatch]:
-    """Return the micro-batches of optimizer step `step` that rank `rank` of `world` runs."""
-    return plan[step * per_step:(step + 1) * per_step][rank::world]
-
-
 @dataclass
 class PackedBatch:
     """Rows of packed samples, right-padded to the longest row `L`.

@@ -13,13 +13,16 @@ import json
 import os
 import shutil
 from pathlib import Path
+
 import torch
 from pydantic import BaseModel
 from safetensors.torch import load_file, save_file
 
-from eyas.draft.model import Eagle3Draft, load_draft, save_draft
+from eyas.draft.config import DraftConfig
+from eyas.draft.model import Eagle3Draft, load_draft, write_draft
 from eyas.errors import EyasError
 from eyas.files import write_json_atomic
+from eyas.train.sharding import full_tensor, like
 
 CHECKPOINTS = "checkpoints"
 
@@ -50,23 +53,25 @@ def list_checkpoints(run_dir: Path) -> list[Path]:
     return sorted(p for p in root.glob("step-*") if (p / "trainer.json").is_file()) if root.is_dir() else []
 
 
-def _optimizer_tensors(draft: Eagle3Draft, optimizer: torch.optim.Optimizer) -> dict[str, torch.Tensor]:
+def optimizer_tensors(draft: Eagle3Draft, optimizer: torch.optim.Optimizer) -> dict[str, torch.Tensor]:
+    """Return the AdamW state as whole CPU tensors named `PARAM/SLOT` (a collective under FSDP)."""
     names = {id(p): name for name, p in draft.named_parameters()}
     tensors = {}
     for param, state in optimizer.state.items():
         for key, value in state.items():
-            tensors[f"{names[id(param)]}/{key}"] = torch.as_tensor(value).detach().to("cpu").contiguous()
+            tensors[f"{names[id(param)]}/{key}"] = full_tensor(torch.as_tensor(value)).detach().to("cpu").contiguous()
     return tensors
 
 
-def save_checkpoint(run_dir: Path, draft: Eagle3Draft, optimizer: torch.optim.Optimizer, state: TrainerState) -> Path:
-    """Write the checkpoint of `state.step` atomically; return its directory."""
+def save_checkpoint(run_dir: Path, config: DraftConfig, weights: dict[str, torch.Tensor],
+                    optimizer: dict[str, torch.Tensor], state: TrainerState) -> Path:
+    """Write the checkpoint of `state.step` atomically from whole tensors; return its directory."""
     final = checkpoint_dir(run_dir, state.step)
     tmp = final.with_name(f".{final.name}.tmp-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    save_draft(draft, tmp / "draft")
-    save_file(_optimizer_tensors(draft, optimizer), str(tmp / "optimizer.safetensors"))
+    write_draft(config, weights, tmp / "draft")
+    save_file(optimizer, str(tmp / "optimizer.safetensors"))
     rng = {"cpu": torch.get_rng_state()}
     if torch.cuda.is_available():
         rng.update({f"cuda{i}": s for i, s in enumerate(torch.cuda.get_rng_state_all())})
@@ -82,10 +87,16 @@ def save_checkpoint(run_dir: Path, draft: Eagle3Draft, optimizer: torch.optim.Op
 
 
 def load_checkpoint(path: Path, draft: Eagle3Draft, optimizer: torch.optim.Optimizer) -> TrainerState:
-    """Restore draft weights, optimizer moments and RNG from `path`; return its state."""
+    """Restore draft weights, optimizer moments and RNG from `path`; return its state.
+
+    Sharded (FSDP) parameters get this rank's shard, so a checkpoint resumes with or without FSDP.
+    """
     state = TrainerState.model_validate(json.loads((path / "trainer.json").read_text(encoding="utf-8")))
-    saved = load_draft(path / "draft")
-    draft.load_state_dict(saved.trainable_state(), strict=False)
+    saved = load_draft(path / "draft").trainable_state()
+    with torch.no_grad():
+        for name, tensor in draft.state_dict(keep_vars=True).items():
+            if name in saved:
+                tensor.copy_(like(tensor, saved[name]))
     tensors = load_file(str(path / "optimizer.safetensors"))
     by_name = dict(draft.named_parameters())
     for key, value in tensors.items():
@@ -93,7 +104,7 @@ def load_checkpoint(path: Path, draft: Eagle3Draft, optimizer: torch.optim.Optim
         if name not in by_name:
             raise EyasError(f"{path / 'optimizer.safetensors'}: {key}: no such draft parameter")
         param = by_name[name]
-        optimizer.state[param][slot] = value.to(param.device) if slot != "step" else value
+        optimizer.state[param][slot] = like(param, value) if slot != "step" else value
     rng = load_file(str(path / "rng.safetensors"))
     torch.set_rng_state(rng["cpu"])
     if torch.cuda.is_available():

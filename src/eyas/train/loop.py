@@ -1,9 +1,10 @@
 """The `eyas train` stage: the optimisation loop, evaluation, logging, checkpoints and resume.
 
 One optimizer step runs `grad_accum x world` micro-batches; every rank backpropagates the
-*summed* TTT loss of its share, gradients are summed over ranks with one all-reduce and divided
-by the number of loss-mask tokens of the whole step, then clipped. So K processes and one process
-with K times the accumulation compute the same update, and a short last step loses no sample.
+*summed* TTT loss of its share, gradients are summed over ranks (one all-reduce, or FSDP's
+reduce-scatter with `--fsdp`, see sharding.py) and divided by the number of loss-mask tokens of the
+whole step, then clipped. So K processes and one process with K times the accumulation compute the
+same update, and a short last step loses no sample.
 """
 
 from __future__ import annotations
@@ -19,9 +20,8 @@ import torch
 from eyas.config import TrainConfig, write_resolved_config
 from eyas.data.dataset import read_manifest
 from eyas.distributed import Ranks, all_reduce_gradients, all_reduce_sum, barrier, current_ranks, init_distributed, rank_device
-from eyas.draft.model import Eagle3Draft, load_draft, save_draft, set_embedding
-from eyas.draft.objective import StepScorer, StepSums, TeacherHead, loss_token_count, metrics_of, weighted_objective
-from eyas.draft.ttt import unroll
+from eyas.draft.model import Eagle3Draft, load_draft, set_embedding, write_draft
+from eyas.draft.objective import StepScorer, StepSums, TeacherHead, loss_token_count, metrics_of
 from eyas.errors import EyasError
 from eyas.files import sha256_text, write_json_atomic, write_text_atomic
 from eyas.outputs import claim_output_dir
@@ -31,15 +31,16 @@ from eyas.target.head import TargetHead, head_of, load_target_head
 from eyas.target.load import DTYPES, resolve_device
 from eyas.train import batches as B
 from eyas.train.checkpoint import (
-    CHECKPOINTS, TrainerState, list_checkpoints, load_checkpoint, prune_checkpoints, save_checkpoint,
+    CHECKPOINTS, TrainerState, list_checkpoints, load_checkpoint, optimizer_tensors, prune_checkpoints, save_checkpoint,
 )
+from eyas.train.sharding import TTTLoss, full_tensor, gathered_state, parameter_counts, shard
 from eyas.train.setup import TrainSetup, resolve_train, vocab_tensors
 from eyas.train.sources import OnlineSource, SampleSource, StoreSource
 
 METRICS = "metrics.jsonl"
 SUMMARY = "summary.json"
 _OWN = (CHECKPOINTS, "final", "best", METRICS, SUMMARY, "config.yaml", "tensorboard")
-_NOT_DECISIVE = {"out", "overwrite", "resume", "log_every", "save_every", "keep_last", "device"}
+_NOT_DECISIVE = {"out", "overwrite", "resume", "log_every", "save_every", "keep_last", "device", "fsdp"}
 
 
 @dataclass
@@ -51,8 +52,9 @@ class TrainResult:
     reused: bool
 
 
-def _run_key(config: TrainConfig, setup: TrainSetup) -> str:
+def _run_key(config: TrainConfig, setup: TrainSetup, world: int) -> str:
     decisive = {k: v for k, v in config.model_dump(mode="json").items() if k not in _NOT_DECISIVE}
+    decisive["grad_accum"] = config.grad_accum * world  # the global batch: resumable on another rank count
     decisive["target"] = setup.draft_config.target.id if setup.draft_config.target else None
     decisive["store"] = setup.store.run_key if setup.store else None
     decisive["dataset"] = read_manifest(setup.dataset_dir).fingerprint  # online: the store key does not cover it
@@ -80,7 +82,6 @@ class _Trainer:
     def __init__(self, config: TrainConfig, setup: TrainSetup, ranks: Ranks, device: torch.device,
                  run_key: str) -> None:
         self.config, self.setup, self.ranks, self.device, self.run_key = config, setup, ranks, device, run_key
-        self.autocast = device.type == "cuda" and config.dtype == "bfloat16"
         self.capture: FeatureCapture | None = None
         head_dtype = DTYPES[config.target_dtype] if device.type == "cuda" else torch.float32
         self.source, head = self._source_and_head(head_dtype)
@@ -99,7 +100,11 @@ class _Trainer:
         self.draft.t2d.copy_(t2d)
         set_embedding(self.draft, head.embed.float())
         self.draft.to(device)
-        self.params = [p for p in self.draft.parameters() if p.requires_grad]
+        self.model = TTTLoss(self.draft, config.ttt_steps, autocast=device.type == "cuda" and config.dtype == "bfloat16")
+        self.sharded = config.fsdp and ranks.distributed
+        if self.sharded:
+            shard(self.model, device, ranks.world)
+        self.params = [p for p in self.draft.parameters() if p.requires_grad]  # after sharding: DTensors then
         self.optimizer = torch.optim.AdamW(self.params, lr=config.lr, betas=(0.9, 0.95),
                                            weight_decay=config.weight_decay)
         lengths = self.source.lengths()
@@ -142,29 +147,38 @@ class _Trainer:
         samples = self.source.samples([i for row in micro for i in row])
         return B.collate([[samples[i] for i in row] for row in micro]).to(self.device)
 
-    def _scores(self, batch: B.PackedBatch) -> tuple[StepScorer, list[torch.Tensor]]:
+    def _objective(self, batch: B.PackedBatch) -> tuple[StepScorer, torch.Tensor]:
+        """Return the scorer (holding the step sums) and the summed weighted objective of `batch`."""
         teacher = self.teacher(batch.last)
         scorer = StepScorer(teacher, batch.doc_ids, batch.loss_mask, self.draft.d2t, self.draft.t2d,
                             self.config.ttt_steps, self.config.out_of_vocab)
-        with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.autocast):
-            logits = unroll(self.draft, batch.aux, batch.input_ids, batch.position_ids, batch.doc_ids,
-                            self.config.ttt_steps)
-            losses = [scorer.score(j, step_logits) for j, step_logits in enumerate(logits)]
-        return scorer, losses
+        return scorer, self.model(batch, scorer)
 
-    def train_step(self, micro_batches: list[B.MicroBatch]) -> tuple[StepSums, float, int, float]:
+    def share(self, plan: list[B.MicroBatch], first: int, count: int) -> tuple[list[B.MicroBatch], list[B.MicroBatch]]:
+        """Return this rank's micro-batches of `plan[first:first+count]`, and the zero-weight ones it runs
+        so that every rank makes as many FSDP calls (none without `--fsdp`)."""
+        chunk = plan[first:first + count]
+        mine = chunk[self.ranks.rank::self.ranks.world]
+        rounds = math.ceil(len(chunk) / self.ranks.world) if self.sharded else len(mine)
+        return mine, chunk[:1] * (rounds - len(mine))
+
+    def train_step(self, micro_batches: list[B.MicroBatch], padding: list[B.MicroBatch]
+                   ) -> tuple[StepSums, float, int, float]:
         """Run one optimizer step; return its sums, loss-token count, tokens and gradient norm (all ranks)."""
-        self.draft.train()
+        self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
         sums, loss_tokens, tokens = StepSums.zeros(self.config.ttt_steps), 0, 0
         for micro in micro_batches:
             batch = self._batch(micro)
-            scorer, losses = self._scores(batch)
-            weighted_objective(losses).backward()
+            scorer, objective = self._objective(batch)
+            objective.backward()
             sums = sums + scorer.sums
             loss_tokens += loss_token_count(batch.doc_ids, batch.loss_mask)
             tokens += batch.tokens
-        all_reduce_gradients(self.params, self.ranks)
+        for micro in padding:
+            (0.0 * self._objective(self._batch(micro))[1]).backward()
+        if not self.sharded:
+            all_reduce_gradients(self.params, self.ranks)
         counts = all_reduce_sum(torch.tensor([loss_tokens, tokens], dtype=torch.float64), self.ranks)
         stacked = all_reduce_sum(sums.stacked(), self.ranks)
         for param in self.params:
@@ -172,22 +186,25 @@ class _Trainer:
                 param.grad.div_(max(counts[0].item(), 1.0))
         norm = torch.nn.utils.clip_grad_norm_(self.params, self.config.grad_clip)
         self.optimizer.step()
-        return StepSums.from_stacked(stacked), counts[0].item(), int(counts[1].item()), float(norm)
+        return StepSums.from_stacked(stacked), counts[0].item(), int(counts[1].item()), float(full_tensor(norm))
 
     @torch.no_grad()
     def evaluate(self) -> dict[str, float] | None:
         """Return the metrics over the held-out split (None without one)."""
         if len(self.eval_ids) == 0:
             return None
-        self.draft.eval()
+        self.model.eval()
         plan = B.plan_epoch(self.eval_ids, self.lengths, self.config.seed, 0, self.config.row_tokens,
                             self.config.token_budget, shuffle=False)
         sums, loss_tokens = StepSums.zeros(self.config.ttt_steps), 0
-        for micro in plan[self.ranks.rank::self.ranks.world]:
+        mine, padding = self.share(plan, 0, len(plan))
+        for micro in mine:
             batch = self._batch(micro)
-            scorer, _ = self._scores(batch)
+            scorer, _ = self._objective(batch)
             sums = sums + scorer.sums
             loss_tokens += loss_token_count(batch.doc_ids, batch.loss_mask)
+        for micro in padding:
+            self._objective(self._batch(micro))
         stacked = all_reduce_sum(sums.stacked(), self.ranks)
         total = all_reduce_sum(torch.tensor([float(loss_tokens)], dtype=torch.float64), self.ranks)
         return metrics_of(StepSums.from_stacked(stacked), total.item())
@@ -254,7 +271,7 @@ def run_train(config: TrainConfig) -> TrainResult:
     setup = resolve_train(config)
     device_name = rank_device(ranks, resolve_device(config.device))
     init_distributed(ranks, device_name)
-    run_key = _run_key(config, setup)
+    run_key = _run_key(config, setup, ranks.world)
     out = config.out
     if ranks.rank == 0:
         resuming = claim_output_dir(out, run_key, _existing_keys(out), _OWN, config.overwrite, "an eyas training run")
@@ -286,8 +303,8 @@ def run_train(config: TrainConfig) -> TrainResult:
             while state.step < trainer.total:
                 plan = trainer.plan(state.epoch)
                 lr = trainer.set_lr(state.step)
-                share = B.step_share(plan, state.step_in_epoch, trainer.per_step, ranks.rank, ranks.world)
-                sums, loss_tokens, tokens, grad_norm = trainer.train_step(share)
+                share, padding = trainer.share(plan, state.step_in_epoch * trainer.per_step, trainer.per_step)
+                sums, loss_tokens, tokens, grad_norm = trainer.train_step(share, padding)
                 window, window_tokens = window + sums, window_tokens + loss_tokens
                 state.step += 1
                 state.tokens += tokens
@@ -310,21 +327,25 @@ def run_train(config: TrainConfig) -> TrainResult:
                         log.write({"split": "eval", "step": state.step, **last_eval})
                     if state.best_tau is None or score > state.best_tau:
                         state.best_step, state.best_tau = state.step, score
+                        weights = gathered_state(trainer.draft)
                         if ranks.rank == 0:
-                            save_draft(trainer.draft, out / "best")
+                            write_draft(setup.draft_config, weights, out / "best")
                 if state.step % config.save_every == 0 or last:
                     state.window, state.window_loss_tokens = window.stacked().tolist(), window_tokens
                     state.last_train, state.last_eval = last_train, last_eval
+                    weights, moments = gathered_state(trainer.draft), optimizer_tensors(trainer.draft, trainer.optimizer)
                     if ranks.rank == 0:
-                        save_checkpoint(out, trainer.draft, trainer.optimizer, state)
+                        save_checkpoint(out, setup.draft_config, weights, moments, state)
                         prune_checkpoints(out, config.keep_last, state.best_step)
                     barrier(ranks)
     finally:
         log.close()
         trainer.close()
+    weights = gathered_state(trainer.draft)
     if ranks.rank == 0:
-        save_draft(trainer.draft, out / "final")
+        write_draft(setup.draft_config, weights, out / "final")
         write_json_atomic(out / SUMMARY, {"run_key": run_key, "steps": state.step, "final": last_train, "eval": last_eval,
-                                          "best_step": state.best_step, "best_implied_tau": state.best_tau})
+                                          "best_step": state.best_step, "best_implied_tau": state.best_tau,
+                                          "ranks": ranks.world, "fsdp": trainer.sharded, **parameter_counts(trainer.draft)})
     barrier(ranks)
     return TrainResult(out, state.step, last_train, last_eval, False)
