@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from eyas.testing.learned import build_learned_pair
 from eyas.testing.tiny import STYLES, build_tiny_target
 
 
@@ -35,6 +36,46 @@ def tiny_targets(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     targets = {style: build_tiny_target(root / style, style) for style in STYLES}
     targets["notemplate"] = build_tiny_target(root / "notemplate", "chatml", with_template=False)
     return targets
+
+
+def chi_square_p_value(counts: torch.Tensor, probs: torch.Tensor) -> float:
+    """Return the p-value of observed `counts [V]` against `probs [V]` (Pearson's chi-square).
+
+    Cells of expected count below 5 are merged, smallest first, until each has at least 5; a
+    count in a cell of probability 0 gives 0 (impossible under the hypothesis).
+    """
+    import torch
+
+    counts, probs = counts.double(), probs.double()
+    expected = probs / probs.sum() * counts.sum()
+    if bool((counts[expected == 0] > 0).any()):
+        return 0.0
+    cells: list[tuple[float, float]] = []  # (expected, observed)
+    pool_e = pool_o = 0.0
+    for i in expected.argsort().tolist():
+        if float(expected[i]) == 0:
+            continue
+        pool_e, pool_o = pool_e + float(expected[i]), pool_o + float(counts[i])
+        if pool_e >= 5:
+            cells.append((pool_e, pool_o))
+            pool_e = pool_o = 0.0
+    if pool_e > 0:  # a remainder below 5 joins the last (largest) cell
+        if not cells:
+            return 1.0
+        last_e, last_o = cells.pop()
+        cells.append((last_e + pool_e, last_o + pool_o))
+    df = len(cells) - 1
+    if df < 1:
+        return 1.0
+    chi2 = sum((o - e) ** 2 / e for e, o in cells)
+    return float(torch.special.gammaincc(torch.tensor(df / 2, dtype=torch.float64),
+                                         torch.tensor(chi2 / 2, dtype=torch.float64)))
+
+
+@pytest.fixture(scope="session")
+def learned(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """`target`, `store` and `run` (`run/final` is the draft) of `eyas.testing.learned.build_learned_pair`."""
+    return build_learned_pair(tmp_path_factory.mktemp("learned"))
 
 
 @dataclass

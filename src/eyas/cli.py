@@ -199,6 +199,37 @@ def plot(
         print(path)
 
 
+@app.command("eval")
+def eval_(
+    target: Annotated[Optional[Path], typer.Option(help="Target model dir or GGUF the draft was trained for.")] = None,
+    draft: Annotated[Optional[Path], typer.Option(help="Draft dir (`eyas train`'s final/ or best/).")] = None,
+    prompts: Annotated[Optional[Path], typer.Option(help='JSONL of {"prompt": ...}, {"messages": [...]} or {"text": ...}.')] = None,
+    out: Annotated[Optional[Path], typer.Option(help="Report dir: report.json, acceptance.png, results.jsonl.")] = None,
+    chain: Annotated[Optional[int], typer.Option(help="Draft a chain of K tokens.")] = None,
+    tree: Annotated[Optional[str], typer.Option(help="Dynamic tree DEPTH,TOPK,TOTAL (default 5,4,16).")] = None,
+    temperature: Annotated[Optional[float], typer.Option(help="0 (default): greedy, lossless.")] = None,
+    top_p: Annotated[Optional[float], typer.Option(help="Nucleus sampling mass.")] = None,
+    top_k: Annotated[Optional[int], typer.Option(help="Sample among the k most likely tokens.")] = None,
+    max_new_tokens: Annotated[Optional[int], typer.Option(help="New tokens per prompt (default 128).")] = None,
+    limit: Annotated[Optional[int], typer.Option(help="Only the first N prompts.")] = None,
+    prompt_lookup: Annotated[Optional[int], typer.Option(help="Also time transformers' prompt lookup with N tokens.")] = None,
+    device: DeviceOption = None,
+    overwrite: Annotated[Optional[bool], typer.Option("--overwrite", help="Replace another report in --out.")] = None,
+    config: ConfigOption = None,
+    overrides: Overrides = None,
+) -> None:
+    """Decode prompts with the target alone and speculatively with a draft: tau, acceptance, speedup."""
+    from eyas.config import EvalConfig, load_stage_config
+    from eyas.decode.evaluate import run_eval
+    from eyas.reports import print_eval_report
+
+    flags = {"target": target, "draft": draft, "prompts": prompts, "out": out, "chain": chain, "tree": tree,
+             "temperature": temperature, "top_p": top_p, "top_k": top_k, "max_new_tokens": max_new_tokens,
+             "limit": limit, "prompt_lookup": prompt_lookup, "device": device, "overwrite": overwrite}
+    eval_config = load_stage_config(EvalConfig, "eval", config, flags, overrides)
+    print_eval_report(eval_config.out, run_eval(eval_config))
+
+
 def main() -> None:
     """Entry point: run the app; user errors print one line on stderr and exit 2."""
     try:

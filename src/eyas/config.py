@@ -109,6 +109,29 @@ class TrainConfig(StageConfig):
     trust_remote_code: bool = Field(False, description="allow custom model code from the target directory")
 
 
+
+class EvalConfig(StageConfig):
+    """`eyas eval`: speculative decoding of prompts with a draft against the target alone."""
+
+    target: Path = Field(description="local model dir or GGUF file the draft was trained for")
+    draft: Path = Field(description="eyas draft directory (config.json + model.safetensors)")
+    prompts: Path = Field(description='JSONL: {"prompt": text} or {"messages": [...]} (chat template), or {"text": raw}')
+    out: Path = Field(description="report directory: report.json, acceptance.png")
+    chain: PositiveInt | None = Field(None, description="draft a chain of this many tokens")
+    tree: str | None = Field(None, description="EAGLE-2 dynamic tree DEPTH,TOPK,TOTAL (default 5,4,16)")
+    temperature: float = Field(0.0, ge=0, description="0: greedy (lossless: the target's own greedy output)")
+    top_p: float = Field(1.0, gt=0, le=1, description="nucleus sampling mass")
+    top_k: int = Field(0, ge=0, description="keep the k most likely tokens (0: all)")
+    max_new_tokens: PositiveInt = Field(128, description="new tokens per prompt at most")
+    limit: PositiveInt | None = Field(None, description="evaluate the first N prompts only")
+    prompt_lookup: int = Field(0, ge=0, description="also time transformers' prompt-lookup decoding with N tokens (0: off)")
+    seed: int = Field(0, description="sampling seed")
+    device: str | None = Field(None, description="cpu, cuda or cuda:N (default cuda if present)")
+    dtype: Literal["bfloat16", "float16", "float32"] = Field("bfloat16", description="dtype of target and draft")
+    overwrite: bool = Field(False, description="replace another report in --out")
+    trust_remote_code: bool = Field(False, description="allow custom model code from the target directory")
+
+
 Config = TypeVar("Config", bound=StageConfig)
 
 

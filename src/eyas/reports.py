@@ -10,6 +10,7 @@ from rich.table import Table
 
 if TYPE_CHECKING:  # keeps torch out of `eyas prepare`'s imports
     from eyas.data.dataset import DatasetManifest
+    from eyas.decode.report import EvalReport
     from eyas.features.store import StoreManifest
     from eyas.train.loop import TrainResult
 
@@ -75,3 +76,25 @@ def print_train_summary(result: TrainResult) -> None:
     console.print(table)
     console.print(f"draft: {result.run_dir / 'final'}  best (by implied tau): {result.run_dir / 'best'}  "
                   f"curves: eyas plot {result.run_dir}")
+
+
+def print_eval_report(out: Path, report: EvalReport) -> None:
+    """Print the evaluation's figures: tau, acceptance per position, token rates and speedups."""
+    table = Table(title=f"eyas eval -> {out / 'report.json'} ({report.prompts} prompts, {report.decoding})",
+                  show_header=False)
+    table.add_column(style="bold")
+    table.add_column(justify="right")
+    table.add_row("tau (pooled, accepted + 1 per target forward)", f"{report.tau:.2f}")
+    for i, share in enumerate(report.per_position_acceptance, 1):
+        table.add_row(f"  accepted at draft position {i}", f"{share:.1%}")
+    table.add_row("target forwards: speculative / target alone", f"{report.target_forwards:,} / "
+                  f"{report.baseline_target_forwards:,}")
+    table.add_row("tokens/s speculative", f"{report.tokens_per_s:.1f}")
+    table.add_row("tokens/s target alone", f"{report.baseline_tokens_per_s:.1f}")
+    table.add_row("speedup", f"{report.speedup:.2f}x")
+    if report.prompt_lookup is not None:
+        table.add_row(f"tokens/s prompt lookup ({int(report.prompt_lookup['num_tokens'])} tokens, transformers)",
+                      f"{report.prompt_lookup['tokens_per_s']:.1f} ({report.prompt_lookup['speedup']:.2f}x)")
+    if report.sampling["temperature"] == 0:
+        table.add_row("outputs identical to the target alone", f"{report.same_as_baseline}/{report.prompts}")
+    console.print(table)

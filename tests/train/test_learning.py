@@ -10,59 +10,26 @@ acceptance length, which needs steps 1 and 2 to be right too).
 from __future__ import annotations
 
 import json
-import random
 from collections import Counter
 from pathlib import Path
 
-import pytest
 import torch
 
-from eyas.config import ExtractConfig, PrepareConfig
-from eyas.data.prepare import run_prepare
 from eyas.draft.attention import EagerTTTAttention
 from eyas.draft.model import load_draft
-from eyas.features.extract import run_extract
+from eyas.testing.learned import EVAL_FRACTION
 from eyas.features.store import read_store_manifest
-from eyas.testing.tiny import CORPUS, build_tiny_target, train_tiny_target
 from eyas.train.batches import split_indices
 from eyas.train.sources import StoreSource
 
-EVAL_FRACTION = 0.1
-TTT_STEPS = 3
 
-
-def _conversations(count: int, seed: int) -> list[list[dict[str, str]]]:
-    rng = random.Random(seed)
-    sentences = [s for text in CORPUS for s in text.replace("\n", " ").split(". ") if s]
-    return [[{"role": "user", "content": rng.choice(sentences)},
-             {"role": "assistant", "content": " ".join(rng.choice(sentences) for _ in range(3))}] for _ in range(count)]
-
-
-@pytest.fixture(scope="module")
-def trained(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    root = tmp_path_factory.mktemp("learning")
-    conversations = _conversations(400, seed=0)
-    target = train_tiny_target(build_tiny_target(root / "target", "chatml", with_weights=True), conversations,
-                               steps=150)
-    data = root / "conversations.jsonl"
-    data.write_text("".join(json.dumps({"messages": c}) + "\n" for c in conversations), encoding="utf-8")
-    run_prepare(PrepareConfig(target=target, data=[data], out=root / "dataset", draft_vocab_size=256))
-    run_extract(ExtractConfig(target=target, data=root / "dataset", out=root / "store", dtype="float32",
-                              storage_dtype="fp32", device="cpu"))
-    return {"target": target, "store": root / "store", "run": root / "run"}
-
-
-def test_draft_beats_unigram_and_implies_a_long_acceptance(trained: dict[str, Path], run_cli) -> None:
+def test_draft_beats_unigram_and_implies_a_long_acceptance(learned: dict[str, Path]) -> None:
+    """`learned` trained the draft (60 steps, `eyas train`'s code path); check it against the model."""
     from transformers import AutoModelForCausalLM
 
-    result = run_cli("train", "--features", trained["store"], "--out", trained["run"], "--max-steps", "60",
-                     "--lr", "3e-3", "--ttt-steps", str(TTT_STEPS), "--token-budget", "2048", "--device", "cpu",
-                     f"train.eval_fraction={EVAL_FRACTION}", "train.row_tokens=512", "train.eval_every=30")
-    assert result.code == 0, result.err
-
-    model = AutoModelForCausalLM.from_pretrained(str(trained["target"]), dtype=torch.float32).eval()
-    draft = load_draft(trained["run"] / "final", model.get_input_embeddings().weight).eval()
-    source = StoreSource(trained["store"], read_store_manifest(trained["store"]))
+    model = AutoModelForCausalLM.from_pretrained(str(learned["target"]), dtype=torch.float32).eval()
+    draft = load_draft(learned["run"] / "final", model.get_input_embeddings().weight).eval()
+    source = StoreSource(learned["store"], read_store_manifest(learned["store"]))
     train_ids, eval_ids = split_indices(len(source.lengths()), EVAL_FRACTION, seed=0)
 
     def scored(index: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -85,7 +52,7 @@ def test_draft_beats_unigram_and_implies_a_long_acceptance(trained: dict[str, Pa
     baseline = (truth == unigram).float().mean().item()
     assert accuracy >= 0.6 and accuracy >= baseline + 0.4, (accuracy, baseline)
 
-    held_out = [json.loads(line) for line in (trained["run"] / "metrics.jsonl").read_text().splitlines()]
+    held_out = [json.loads(line) for line in (learned["run"] / "metrics.jsonl").read_text().splitlines()]
     final_eval = [m for m in held_out if m["split"] == "eval"][-1]
     assert abs(final_eval["acc_0"] - accuracy) < 0.05  # the trainer's teacher agrees with the model's logits
     assert final_eval["implied_tau"] >= 2.4, final_eval  # chain of 3: at most 4

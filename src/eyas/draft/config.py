@@ -116,3 +116,23 @@ def read_draft_config(draft_dir: Path) -> DraftConfig:
         error = exc.errors()[0]
         field = ".".join(map(str, error["loc"]))
         raise EyasError(f"{path}: {field}: {error['msg']}") from None
+
+
+def target_problems(config: DraftConfig, fingerprint: TargetFingerprint, target_config: Any) -> list[str]:
+    """Return why a draft cannot run with a target (empty when it can): another fingerprint, hidden
+    size, vocabulary size, or aux layers the target does not have. Needs no weights."""
+    text = getattr(target_config, "text_config", None) or target_config
+    hidden, layers, vocab = int(text.hidden_size), int(text.num_hidden_layers), int(text.vocab_size)
+    problems = []
+    if config.target is not None and config.target.id != fingerprint.id:
+        differs = [k for k in ("config", "tokenizer", "chat_template", "weights")
+                   if getattr(config.target, k) != getattr(fingerprint, k)]
+        problems.append(f"target: trained for fingerprint {config.target.id[:12]}, this target is "
+                        f"{fingerprint.id[:12]} ({', '.join(differs) or 'vocab size'} differ)")
+    if config.target_hidden_size != hidden:
+        problems.append(f"target_hidden_size: {config.target_hidden_size}, the target's hidden size is {hidden}")
+    if config.vocab_size != vocab:
+        problems.append(f"vocab_size: {config.vocab_size}, the target's vocabulary has {vocab} tokens")
+    if any(not 0 <= i <= layers for i in config.aux_layer_ids):
+        problems.append(f"aux_layer_ids: {config.aux_layer_ids}, the target has {layers} layers")
+    return problems

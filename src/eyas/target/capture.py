@@ -60,8 +60,16 @@ class FeatureCapture:
     @torch.no_grad()  # not inference_mode: online training feeds these tensors into autograd
     def run(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> Captured:
         """Return the features of `input_ids [B, T]` (`attention_mask` 2-D padding mask, or a 4-D mask)."""
-        self._seen = {}
         self.parts.base(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
+        return self._collect()
+
+    @torch.no_grad()
+    def run_model(self, **inputs: Any) -> tuple[Any, Captured]:
+        """Return the whole model's output for `inputs` (with a KV cache, say) and the features of its tokens."""
+        output = self.parts.model(**inputs)
+        return output, self._collect()
+
+    def _collect(self) -> Captured:
         aux = torch.cat([self._seen[k] for k in self.aux_ids], dim=-1)  # [B, T, 3H]
         last = self._seen[self.parts.num_layers]  # [B, T, H]
         self._seen = {}

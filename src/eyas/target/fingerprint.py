@@ -24,7 +24,8 @@ WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".gguf")
 class TargetFingerprint(BaseModel):
     """Hashes of the parts of a target that change what eyas produces.
 
-    `weights` hashes file names and sizes (not bytes: a 1T-parameter model cannot be hashed in
+    `weights` hashes file names, sizes and the first and last MiB of each weight file (not all bytes:
+    a 1T-parameter model cannot be hashed in
     seconds), plus any shard index. `id` hashes all the others.
     """
 
@@ -107,16 +108,29 @@ def config_vocab_size(target: Path, config: dict[str, Any]) -> int:
     raise EyasError(f"{config_source(target)}: vocab_size: missing (also looked in text_config)")
 
 
+def _weight_sample(path: Path, sample: int = 1 << 20) -> str:
+    """Return `SIZE:SHA256` of a weight file's size and its first and last `sample` bytes: retrained
+    weights of the same shapes differ there, and a terabyte of shards is not read."""
+    size = path.stat().st_size
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        digest.update(handle.read(sample))
+        if size > sample:
+            handle.seek(max(sample, size - sample))
+            digest.update(handle.read(sample))
+    return f"{size}:{digest.hexdigest()}"
+
+
 def target_fingerprint(target: Path, tokenizer: Any) -> TargetFingerprint:
     """Return the fingerprint of a local model directory or GGUF file, with its loaded tokenizer."""
     config = read_model_config(target)
     if is_gguf(target):  # the tokenizer lives inside the file: hash its full serialization
         tokenizer_parts = [("tokenizer.json", sha256_text(tokenizer.backend_tokenizer.to_str()))]
-        weight_parts = [(target.name, str(target.stat().st_size))]
+        weight_parts = [(target.name, _weight_sample(target))]
     else:
         tokenizer_parts = [(n, sha256_file(target / n)) for n in TOKENIZER_FILES if (target / n).is_file()]
         weight_parts = [
-            (p.name, str(p.stat().st_size)) for p in sorted(target.iterdir()) if p.suffix in WEIGHT_SUFFIXES
+            (p.name, _weight_sample(p)) for p in sorted(target.iterdir()) if p.suffix in WEIGHT_SUFFIXES
         ] + [(p.name, sha256_file(p)) for p in sorted(target.glob("*.index.json"))]
     parts = {
         "config": sha256_text(json.dumps(config, sort_keys=True, default=str)),

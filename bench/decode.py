@@ -1,0 +1,127 @@
+"""Benchmark speculative decoding: tau and speedup over target-only decoding and over prompt-lookup
+decoding, for a sweep of chain lengths and tree shapes, all in one run.
+
+Per prompt, in this order: the target alone (`eyas.decode.decoder.Decoder` without a draft: one
+target forward per token with a KV cache), transformers' `generate(prompt_lookup_num_tokens=N)`,
+then the speculative decoder once per shape. Every decoder first runs one untimed 8-token
+generation. Greedy by default, so every speculative output must equal the target-alone output
+(`same_as_baseline` counts the prompts where it does).
+
+Inputs: `--target`, `--draft` and `--prompts` (as `eyas eval` takes them), or none of them: then
+the tiny learned pair of `eyas.testing.learned` is built in a temporary directory (a tiny
+LM-trained target and a draft trained on it, ~1 minute) and prompted with 12 chat prompts of its
+corpus. On that tiny target a forward costs about as much as the Python around it, so its
+speedups say little about real models; its tau does say the decoder accepts what the draft gets right.
+
+Output: one JSON line per shape on stdout: `tau` (pooled: accepted + 1 per verification forward),
+`per_position_acceptance`, `tokens_per_s`, `baseline_tokens_per_s`, `speedup` (over the target
+alone), `prompt_lookup_tokens_per_s`, `prompt_lookup_speedup` and `vs_prompt_lookup` (speculative
+tokens/s over prompt lookup's), with the settings. Torch runs `--threads` intra-op threads (default 1).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+
+from eyas.decode.decoder import Decoder
+from eyas.decode.drafting import TreeShape
+from eyas.decode.evaluate import eos_ids, prompt_lookup_generate
+from eyas.decode.prompts import read_prompts
+from eyas.decode.sampling import Sampling
+from eyas.draft.model import load_draft
+from eyas.target.load import DTYPES, load_target
+from eyas.target.tokenizer import load_tokenizer
+
+SHAPES = "chain:1 chain:3 chain:5 tree:3,2,6 tree:4,3,10 tree:5,4,16 tree:6,8,40"
+
+
+def parse_shape(text: str) -> TreeShape:
+    kind, _, numbers = text.partition(":")
+    values = [int(v) for v in numbers.split(",")]
+    return TreeShape.chain_of(values[0]) if kind == "chain" else TreeShape(*values)
+
+
+def tiny_inputs(root: Path) -> tuple[Path, Path, Path]:
+    from eyas.testing.learned import build_learned_pair, corpus_conversations
+
+    pair = build_learned_pair(root)
+    prompts = root / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": c[0]["content"]}) + "\n"
+                               for c in corpus_conversations(12, seed=2026)), encoding="utf-8")
+    return pair["target"], pair["run"] / "final", prompts
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--target", type=Path)
+    parser.add_argument("--draft", type=Path)
+    parser.add_argument("--prompts", type=Path)
+    parser.add_argument("--shapes", default=SHAPES, help=f"space-separated chain:K / tree:D,K,T (default {SHAPES!r})")
+    parser.add_argument("--limit", type=int, default=None, help="first N prompts")
+    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--prompt-lookup", type=int, default=10, help="prompt_lookup_num_tokens")
+    parser.add_argument("--dtype", choices=sorted(DTYPES), default="float32")
+    parser.add_argument("--threads", type=int, default=1)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+
+    with tempfile.TemporaryDirectory() as scratch:
+        if args.target is None:
+            print("building the tiny learned target and draft (about a minute)", file=sys.stderr)
+            args.target, args.draft, args.prompts = tiny_inputs(Path(scratch))
+        tokenizer = load_tokenizer(args.target)
+        prompts = read_prompts(args.prompts, tokenizer, args.limit)
+        dtype = DTYPES[args.dtype]
+        parts = load_target(args.target, dtype, "cpu")
+        draft = load_draft(args.draft, parts.embed.weight.detach()).to(dtype).eval()
+        eos, sampling = eos_ids(parts, tokenizer), Sampling()
+        shapes = [parse_shape(s) for s in args.shapes.split()]
+        plain = Decoder(parts, None, None, sampling, eos)
+        decoders = [Decoder(parts, draft, shape, sampling, eos) for shape in shapes]
+        for decoder in [plain, *decoders]:
+            decoder.generate(prompts[0], 8)
+        prompt_lookup_generate(parts, prompts[0], 8, args.prompt_lookup, sampling, eos)
+
+        base = {"tokens": 0, "seconds": 0.0}
+        lookup = {"tokens": 0, "seconds": 0.0}
+        spec = [{"tokens": 0, "seconds": 0.0, "rounds": [], "same": 0} for _ in shapes]
+        for number, prompt in enumerate(prompts, 1):
+            reference = plain.generate(prompt, args.max_new_tokens)
+            base["tokens"] += len(reference.tokens)
+            base["seconds"] += reference.seconds
+            tokens, seconds = prompt_lookup_generate(parts, prompt, args.max_new_tokens, args.prompt_lookup, sampling, eos)
+            lookup["tokens"] += tokens
+            lookup["seconds"] += seconds
+            for decoder, totals in zip(decoders, spec):
+                generated = decoder.generate(prompt, args.max_new_tokens)
+                totals["tokens"] += len(generated.tokens)
+                totals["seconds"] += generated.seconds
+                totals["rounds"] += generated.accepted
+                totals["same"] += generated.tokens == reference.tokens
+            print(f"prompt {number}/{len(prompts)}", file=sys.stderr)
+
+    base_rate = base["tokens"] / base["seconds"]
+    lookup_rate = lookup["tokens"] / lookup["seconds"]
+    for shape, totals in zip(shapes, spec):
+        rounds = totals["rounds"]
+        rate = totals["tokens"] / totals["seconds"]
+        print(json.dumps({
+            "bench": "decode", "decoding": shape.describe(), "target": args.target.name, "prompts": len(prompts),
+            "max_new_tokens": args.max_new_tokens, "dtype": args.dtype, "threads": args.threads,
+            "tau": round(1 + sum(rounds) / len(rounds), 3),
+            "per_position_acceptance": [round(sum(a > i for a in rounds) / len(rounds), 3) for i in range(shape.depth)],
+            "tokens_per_s": round(rate, 2), "baseline_tokens_per_s": round(base_rate, 2),
+            "speedup": round(rate / base_rate, 3), "prompt_lookup_num_tokens": args.prompt_lookup,
+            "prompt_lookup_tokens_per_s": round(lookup_rate, 2), "prompt_lookup_speedup": round(lookup_rate / base_rate, 3),
+            "vs_prompt_lookup": round(rate / lookup_rate, 3), "same_as_baseline": totals["same"],
+        }), flush=True)
+
+
+if __name__ == "__main__":
+    main()

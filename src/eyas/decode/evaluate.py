@@ -1,0 +1,151 @@
+"""The `eyas eval` stage: every prompt decoded by the target alone and speculatively, timed in turn.
+
+Everything that can be refused is refused before a weight loads: the decoding shape, the
+prompts file, and a draft made for another target (fingerprint, hidden size, vocabulary, layers).
+Each prompt's results are appended to `REPORT_DIR/results.jsonl` as soon as it is done, so an
+interrupted evaluation continues where it stopped; the report is computed from those lines.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from eyas.config import EvalConfig, write_resolved_config
+from eyas.decode.decoder import Decoder, Generation
+from eyas.decode.drafting import TreeShape
+from eyas.decode.prompts import read_prompts
+from eyas.decode.report import REPORT, EvalReport, summarize, write_report
+from eyas.decode.sampling import Sampling
+from eyas.draft.config import WEIGHTS_FILE, read_draft_config, target_problems
+from eyas.draft.model import load_draft
+from eyas.errors import EyasError
+from eyas.files import sha256_file, sha256_text, write_json_atomic, write_text_atomic
+from eyas.outputs import claim_output_dir
+from eyas.progress import stage_progress
+from eyas.target.fingerprint import target_fingerprint
+from eyas.target.load import DTYPES, load_config, load_target, resolve_device
+from eyas.target.parts import TargetParts
+from eyas.target.tokenizer import load_tokenizer
+
+RESULTS = "results.jsonl"
+PROGRESS = "progress.json"
+_OWN = (RESULTS, PROGRESS, REPORT, "acceptance.png", "config.yaml")
+DEFAULT_TREE = TreeShape(5, 4, 16)
+WARMUP_TOKENS = 8
+
+
+def decoding_shape(config: EvalConfig) -> TreeShape:
+    """Return the chain or tree of `config`; refuses both at once and a malformed `--tree`."""
+    if config.chain is not None and config.tree is not None:
+        raise EyasError("eval: give --chain K or --tree DEPTH,TOPK,TOTAL, not both")
+    if config.chain is not None:
+        return TreeShape.chain_of(config.chain)
+    if config.tree is None:
+        return DEFAULT_TREE
+    parts = config.tree.split(",")
+    if len(parts) != 3 or not all(p.strip().isdigit() and int(p) > 0 for p in parts):
+        raise EyasError(f"tree: {config.tree!r}: expected DEPTH,TOPK,TOTAL, three positive integers (e.g. 5,4,16)")
+    depth, top_k, total = map(int, parts)
+    return TreeShape(depth, top_k, total)
+
+
+def eos_ids(parts: TargetParts, tokenizer: Any) -> set[int]:
+    """Return the target's end-of-sequence ids (generation config and tokenizer)."""
+    found = getattr(parts.model.generation_config, "eos_token_id", None)
+    ids = set(found if isinstance(found, list) else [found] if found is not None else [])
+    if tokenizer.eos_token_id is not None:
+        ids.add(int(tokenizer.eos_token_id))
+    return ids
+
+
+def prompt_lookup_generate(parts: TargetParts, prompt: list[int], max_new_tokens: int, num_tokens: int,
+                           sampling: Sampling, eos: set[int]) -> tuple[int, float]:
+    """Return (new tokens, seconds) of transformers' `generate` with prompt-lookup decoding of `num_tokens`."""
+    ids = torch.tensor([prompt], device=parts.lm_head.weight.device)
+    sample = {"do_sample": False, "temperature": None, "top_p": None, "top_k": None} if sampling.greedy else \
+        {"do_sample": True, "temperature": sampling.temperature, "top_p": sampling.top_p, "top_k": sampling.top_k}
+    started = time.perf_counter()
+    with torch.inference_mode():
+        out = parts.model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens,
+                                   prompt_lookup_num_tokens=num_tokens, eos_token_id=sorted(eos),
+                                   pad_token_id=min(eos) if eos else 0, **sample)
+    return out.shape[1] - len(prompt), time.perf_counter() - started
+
+
+def _result_line(index: int, base: Generation, spec: Generation, lookup: tuple[int, float] | None) -> dict[str, Any]:
+    line: dict[str, Any] = {
+        "prompt": index, "new_tokens": len(spec.tokens), "accepted": spec.accepted, "seconds": spec.seconds,
+        "target_forwards": spec.target_forwards, "draft_forwards": spec.draft_forwards,
+        "baseline_new_tokens": len(base.tokens), "baseline_seconds": base.seconds,
+        "baseline_target_forwards": base.target_forwards, "same_tokens": spec.tokens == base.tokens,
+    }
+    if lookup is not None:
+        line["lookup_new_tokens"], line["lookup_seconds"] = lookup
+    return line
+
+
+def _read_results(path: Path) -> list[dict[str, Any]]:
+    """Return the finished prompts' lines (a killed writer's partial last line is dropped)."""
+    if not path.is_file():
+        return []
+    lines = [line for line in path.read_text(encoding="utf-8").splitlines(keepends=True) if line.endswith("\n")]
+    write_text_atomic(path, "".join(lines))  # appending continues after the last complete line
+    return [json.loads(line) for line in lines]
+
+
+def run_eval(config: EvalConfig) -> EvalReport:
+    """Evaluate (or finish evaluating) the draft on the prompts; return the report written to `config.out`."""
+    shape = decoding_shape(config)
+    sampling = Sampling(config.temperature, config.top_p, config.top_k)
+    draft_config = read_draft_config(config.draft)
+    tokenizer = load_tokenizer(config.target, config.trust_remote_code)
+    fingerprint = target_fingerprint(config.target, tokenizer)
+    problems = target_problems(draft_config, fingerprint, load_config(config.target, config.trust_remote_code))
+    if problems:
+        raise EyasError(f"{config.draft}: not a draft for {config.target}: " + "; ".join(problems))
+    if not (config.draft / WEIGHTS_FILE).is_file():
+        raise EyasError(f"{config.draft / WEIGHTS_FILE}: not found")
+    prompts = read_prompts(config.prompts, tokenizer, config.limit)
+    device = resolve_device(config.device)
+    decisive = {k: v for k, v in config.model_dump(mode="json").items() if k not in ("out", "overwrite", "device")}
+    run_key = sha256_text(json.dumps({**decisive, "target": fingerprint.id, "draft": sha256_file(config.draft / WEIGHTS_FILE),
+                                      "prompts": sha256_file(config.prompts)}, sort_keys=True))
+    progress = config.out / PROGRESS
+    existing = {json.loads(progress.read_text(encoding="utf-8"))["run_key"]} if progress.is_file() else set()
+    claim_output_dir(config.out, run_key, existing, _OWN, config.overwrite, "an eyas eval report")
+    write_json_atomic(progress, {"run_key": run_key, "prompts": len(prompts)})
+    write_resolved_config(config, "eval", config.out)
+    results = _read_results(config.out / RESULTS)
+    done = {line["prompt"] for line in results}
+
+    if len(done) < len(prompts):
+        dtype = DTYPES[config.dtype]
+        parts = load_target(config.target, dtype, device, config.trust_remote_code)
+        draft = load_draft(config.draft, parts.embed.weight.detach()).to(device=device, dtype=dtype).eval()
+        eos = eos_ids(parts, tokenizer)
+        plain = Decoder(parts, None, None, sampling, eos, config.seed)
+        speculative = Decoder(parts, draft, shape, sampling, eos, config.seed)
+        for decoder in (plain, speculative):  # first calls allocate and dispatch: not timed
+            decoder.generate(prompts[0], WARMUP_TOKENS)
+        with open(config.out / RESULTS, "a", encoding="utf-8") as handle, stage_progress() as bar:
+            task = bar.add_task("eval", total=len(prompts), completed=len(done), rate="")
+            for index, prompt in enumerate(prompts):
+                if index in done:
+                    continue
+                base, spec = plain.generate(prompt, config.max_new_tokens), speculative.generate(prompt, config.max_new_tokens)
+                lookup = prompt_lookup_generate(parts, prompt, config.max_new_tokens, config.prompt_lookup, sampling,
+                                                eos) if config.prompt_lookup else None
+                line = _result_line(index, base, spec, lookup)
+                handle.write(json.dumps(line) + "\n")
+                handle.flush()
+                results.append(line)
+                rounds = [a for r in results for a in r["accepted"]]
+                bar.update(task, advance=1, rate=f"tau {sum(rounds) / max(1, len(rounds)) + 1:.2f}")
+    report = summarize(sorted(results, key=lambda r: r["prompt"]), shape, sampling, config)
+    write_report(config.out, report)
+    return report

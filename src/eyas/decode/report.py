@@ -1,0 +1,92 @@
+"""The evaluation report: figures pooled over prompts, `report.json` and `acceptance.png`.
+
+tau is pooled: the tokens committed by all verification forwards (accepted draft tokens + 1
+each) divided by the number of those forwards; the prefill forward, which yields the first
+token without a draft, is not counted. `per_position_acceptance[i]` is the share of forwards
+that accepted more than i draft tokens. Token rates are new tokens over wall time, prefill included.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel
+
+from eyas.config import EvalConfig
+from eyas.decode.drafting import TreeShape
+from eyas.decode.sampling import Sampling
+from eyas.files import write_atomic, write_json_atomic
+
+REPORT = "report.json"
+TAU_DEFINITION = ("pooled over all prompts: (accepted draft tokens + 1) summed over the verification forwards, "
+                  "divided by their number; the prefill forward is not counted")
+
+
+class EvalReport(BaseModel):
+    tau: float
+    tau_definition: str = TAU_DEFINITION
+    speedup: float
+    tokens_per_s: float
+    baseline_tokens_per_s: float
+    per_position_acceptance: list[float]
+    accept_length_counts: dict[int, int]
+    target_forwards: int
+    baseline_target_forwards: int
+    draft_forwards: int
+    new_tokens: int
+    prompts: int
+    same_as_baseline: int
+    decoding: str
+    sampling: dict[str, float]
+    max_new_tokens: int
+    prompt_lookup: dict[str, float] | None = None
+
+
+def _rate(tokens: int, seconds: float) -> float:
+    return tokens / seconds if seconds > 0 else 0.0
+
+
+def summarize(results: list[dict[str, Any]], shape: TreeShape, sampling: Sampling, config: EvalConfig) -> EvalReport:
+    """Return the report of the per-prompt `results` lines."""
+    rounds = [a for r in results for a in r["accepted"]]
+    tokens, seconds = sum(r["new_tokens"] for r in results), sum(r["seconds"] for r in results)
+    base_tokens, base_seconds = sum(r["baseline_new_tokens"] for r in results), sum(r["baseline_seconds"] for r in results)
+    rate, base_rate = _rate(tokens, seconds), _rate(base_tokens, base_seconds)
+    lookup = None
+    if all("lookup_seconds" in r for r in results) and config.prompt_lookup:
+        lookup_rate = _rate(sum(r["lookup_new_tokens"] for r in results), sum(r["lookup_seconds"] for r in results))
+        lookup = {"num_tokens": float(config.prompt_lookup), "tokens_per_s": lookup_rate,
+                  "speedup": lookup_rate / base_rate if base_rate else 0.0}
+    return EvalReport(
+        tau=(sum(rounds) + len(rounds)) / len(rounds) if rounds else 0.0,
+        speedup=rate / base_rate if base_rate else 0.0, tokens_per_s=rate, baseline_tokens_per_s=base_rate,
+        per_position_acceptance=[sum(a > i for a in rounds) / len(rounds) if rounds else 0.0 for i in range(shape.depth)],
+        accept_length_counts=dict(sorted(Counter(a + 1 for a in rounds).items())),
+        target_forwards=sum(r["target_forwards"] for r in results),
+        baseline_target_forwards=sum(r["baseline_target_forwards"] for r in results),
+        draft_forwards=sum(r["draft_forwards"] for r in results), new_tokens=tokens, prompts=len(results),
+        same_as_baseline=sum(r["same_tokens"] for r in results), decoding=shape.describe(),
+        sampling={"temperature": sampling.temperature, "top_p": sampling.top_p, "top_k": float(sampling.top_k)},
+        max_new_tokens=config.max_new_tokens, prompt_lookup=lookup,
+    )
+
+
+def write_report(out: Path, report: EvalReport) -> None:
+    """Write `out/report.json` and `out/acceptance.png` (acceptance per position, tau per forward)."""
+    from matplotlib.figure import Figure
+
+    write_json_atomic(out / REPORT, report.model_dump(mode="json"))
+    figure = Figure(figsize=(10, 4))
+    left, right = figure.subplots(1, 2)
+    positions = range(1, len(report.per_position_acceptance) + 1)
+    left.bar(positions, report.per_position_acceptance)
+    left.set(xlabel="draft position", ylabel="share of target forwards accepting it", ylim=(0, 1),
+             title=f"acceptance per position ({report.decoding})")
+    lengths = list(report.accept_length_counts)
+    right.bar(lengths, [report.accept_length_counts[k] for k in lengths])
+    right.set(xlabel="tokens committed per target forward", ylabel="target forwards",
+              title=f"tau {report.tau:.2f} (pooled), speedup {report.speedup:.2f}x")
+    figure.tight_layout()
+    write_atomic(out / "acceptance.png", lambda tmp: figure.savefig(tmp, format="png", dpi=100))

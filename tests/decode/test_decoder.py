@@ -1,0 +1,186 @@
+"""The speculative decoder end to end, with the draft trained by the `learned` fixture.
+
+Greedy: the output equals transformers' own greedy `generate` token for token, for chains and
+trees of several shapes, with an EOS inside an accepted run and at max-length edges (and the
+draft is accepted often enough that multi-token commits are exercised). Sampling: the joint
+distribution of the first three tokens (the 2nd and 3rd come out of speculative rounds) matches
+the target's exact distribution under temperature and top-k, by a chi-square test.
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import chi_square_p_value
+
+from eyas.decode.decoder import Decoder
+from eyas.decode.drafting import TreeShape
+from eyas.decode.sampling import Sampling
+from eyas.decode.verify import Verdict
+from eyas.draft.model import Eagle3Draft, load_draft
+from eyas.target.load import load_target
+from eyas.target.parts import TargetParts
+from eyas.target.tokenizer import load_tokenizer
+from eyas.testing.learned import corpus_conversations
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+SHAPES = [TreeShape.chain_of(1), TreeShape.chain_of(3), TreeShape.chain_of(6), TreeShape(3, 2, 5),
+          TreeShape(5, 4, 16), TreeShape(6, 8, 40)]
+NEW_TOKENS = 32
+
+
+@pytest.fixture(scope="module")
+def pair(learned: dict[str, Path]) -> tuple[TargetParts, Eagle3Draft, list[list[int]]]:
+    """The target and draft in float64 (no near-tie flips between batched and one-token forwards),
+    and 10 prompts: held-out-style chat prompts plus raw text."""
+    parts = load_target(learned["target"], torch.float64, "cpu")
+    draft = load_draft(learned["run"] / "final", parts.embed.weight.detach()).double().eval()
+    tokenizer = load_tokenizer(learned["target"])
+    chats = [tokenizer(tokenizer.apply_chat_template([c[0]], tokenize=False, add_generation_prompt=True),
+                       add_special_tokens=False)["input_ids"] for c in corpus_conversations(7, seed=123)]
+    raw = [tokenizer(text)["input_ids"] for text in ("The quick brown", "def add(a, b):", "Hello! How")]
+    return parts, draft, chats + raw
+
+
+def hf_greedy(parts: TargetParts, prompt: list[int], new_tokens: int, eos: int | None) -> list[int]:
+    ids = torch.tensor([prompt])
+    out = parts.model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new_tokens, do_sample=False,
+                               eos_token_id=eos, pad_token_id=0, temperature=None, top_p=None, top_k=None)
+    return out[0, len(prompt):].tolist()
+
+
+def test_greedy_plain_loop_is_transformers_greedy(pair) -> None:
+    parts, _, prompts = pair
+    for prompt in prompts:
+        assert Decoder(parts, None, None, Sampling(), set()).generate(prompt, NEW_TOKENS).tokens == \
+            hf_greedy(parts, prompt, NEW_TOKENS, None)
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: s.describe().replace(" ", "-"))
+def test_greedy_speculative_output_is_the_targets_own(pair, shape: TreeShape) -> None:
+    parts, draft, prompts = pair
+    rounds = []
+    for prompt in prompts:
+        generated = Decoder(parts, draft, shape, Sampling(), set()).generate(prompt, NEW_TOKENS)
+        assert generated.tokens == hf_greedy(parts, prompt, NEW_TOKENS, None), prompt
+        assert generated.target_forwards == 1 + len(generated.accepted)
+        assert sum(generated.accepted) + len(generated.accepted) >= len(generated.tokens) - 1  # nothing invented
+        rounds += generated.accepted
+    tau = 1 + sum(rounds) / len(rounds)
+    assert max(rounds) >= min(shape.depth, 3)  # runs of several draft tokens were accepted
+    assert tau > (1.5 if shape.depth == 1 else 1.8), tau
+
+
+def test_eos_inside_an_accepted_run_stops_there(pair) -> None:
+    """Take a token the draft got accepted in the middle of a run; declared as EOS, generation must stop
+    right after it, exactly as transformers stops."""
+    parts, draft, prompts = pair
+    shape = TreeShape(5, 4, 16)
+    checked = 0
+    for prompt in prompts:
+        free = Decoder(parts, draft, shape, Sampling(), set()).generate(prompt, NEW_TOKENS)
+        position = 1  # tokens[0] comes from the prefill
+        for accepted in free.accepted:
+            run = free.tokens[position:position + accepted + 1]
+            if accepted >= 2 and run[0] not in free.tokens[:position]:
+                eos = run[0]  # first of a run of 3+ committed tokens, first occurrence in the output
+                stopped = Decoder(parts, draft, shape, Sampling(), {eos}).generate(prompt, NEW_TOKENS)
+                assert stopped.tokens == hf_greedy(parts, prompt, NEW_TOKENS, eos) == free.tokens[:position + 1]
+                checked += 1
+                break
+            position += accepted + 1
+    assert checked >= 3
+
+
+@pytest.mark.parametrize("new_tokens", [1, 2, 3, 7])
+@pytest.mark.parametrize("shape", [TreeShape.chain_of(6), TreeShape(6, 8, 40)], ids=["chain", "tree"])
+def test_max_new_tokens_edges(pair, new_tokens: int, shape: TreeShape) -> None:
+    parts, draft, prompts = pair
+    for prompt in prompts[:4]:
+        generated = Decoder(parts, draft, shape, Sampling(), set()).generate(prompt, new_tokens)
+        assert generated.tokens == hf_greedy(parts, prompt, new_tokens, None)
+
+
+def joint_p_value(observed: dict[tuple[int, ...], int], expected: dict[tuple[int, ...], float]) -> float:
+    """Pearson's chi-square p-value of sequence counts against exact sequence probabilities."""
+    assert set(observed) <= set(expected), set(observed) - set(expected)  # nothing the target cannot produce
+    cells = sorted(expected)
+    return chi_square_p_value(torch.tensor([observed.get(c, 0) for c in cells]), torch.tensor([expected[c] for c in cells]))
+
+
+def exact_joint(parts: TargetParts, prompt: list[int], sampling: Sampling, length: int) -> dict[tuple[int, ...], float]:
+    """Return the target's exact probability of every sequence of `length` new tokens (top-k keeps it small)."""
+    joint: dict[tuple[int, ...], float] = {(): 1.0}
+    for _ in range(length):
+        grown = {}
+        for prefix, prob in joint.items():
+            with torch.inference_mode():
+                logits = parts.model(input_ids=torch.tensor([prompt + list(prefix)])).logits[0, -1]
+            probs = sampling.probs(logits)
+            for token in probs.nonzero().flatten().tolist():
+                grown[(*prefix, token)] = prob * float(probs[token])
+        joint = grown
+    return joint
+
+
+def overconfident(draft: Eagle3Draft) -> Eagle3Draft:
+    """A copy of the draft with its logits tripled: its distributions overlap the target's but are much
+    sharper, so drafts are both accepted and rejected often, and the residual distribution matters."""
+    sharp = copy.deepcopy(draft)
+    with torch.no_grad():
+        sharp.lm_head.weight.mul_(3.0)
+    return sharp
+
+
+def sample_joint(decoder: Decoder, prompt: list[int], draws: int) -> tuple[dict[tuple[int, ...], int], int, int]:
+    """Return counts of the first 3 tokens over `draws` generations, and how many first rounds accepted
+    at least one draft token / none."""
+    observed: dict[tuple[int, ...], int] = {}
+    accepted = rejected = 0
+    for _ in range(draws):
+        generated = decoder.generate(prompt, 3)
+        key = tuple(generated.tokens)
+        observed[key] = observed.get(key, 0) + 1
+        accepted += generated.accepted[0] >= 1
+        rejected += generated.accepted[0] == 0
+    return observed, accepted, rejected
+
+
+@pytest.mark.parametrize("shape", [TreeShape.chain_of(3), TreeShape(3, 3, 8)], ids=["chain", "tree"])
+def test_sampling_preserves_the_targets_distribution(pair, shape: TreeShape) -> None:
+    parts, draft, prompts = pair
+    sampling = Sampling(temperature=2.0, top_k=5)
+    prompt = prompts[0]
+    expected = exact_joint(parts, prompt, sampling, 3)
+    observed, accepted, rejected = sample_joint(Decoder(parts, overconfident(draft), shape, sampling, set(), seed=7),
+                                                prompt, 1200)
+    assert accepted > 200 and rejected > 200  # both the accepted path and the residual produced many draws
+    assert joint_p_value(observed, expected) > 1e-3
+
+
+def wrong_chain_verifier(tree, target_probs, generator):  # noqa: ANN001, ANN201 - mirrors accept_sampled_chain
+    """accept_sampled_chain with the classic bug: after a rejection, draw from p instead of norm(max(p - q, 0))."""
+    accepted = []
+    for i in range(len(tree)):
+        p, q, token = target_probs[i], tree.draft_probs[i], int(tree.tokens[i])
+        if float(torch.rand((), generator=generator)) * float(q[token]) < float(p[token]):
+            accepted.append(i)
+            continue
+        return Verdict(accepted, int(torch.multinomial(p, 1, generator=generator)))
+    return Verdict(accepted, int(torch.multinomial(target_probs[len(tree)], 1, generator=generator)))
+
+
+def test_the_check_catches_a_wrong_residual(pair, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The same draws through a verifier with the wrong residual distribution fail the same check."""
+    parts, draft, prompts = pair
+    sampling = Sampling(temperature=2.0, top_k=5)
+    prompt = prompts[0]
+    expected = exact_joint(parts, prompt, sampling, 3)
+    monkeypatch.setattr("eyas.decode.decoder.accept_sampled_chain", wrong_chain_verifier)
+    decoder = Decoder(parts, overconfident(draft), TreeShape.chain_of(3), sampling, set(), seed=7)
+    observed, _, _ = sample_joint(decoder, prompt, 1200)
+    assert joint_p_value(observed, expected) < 1e-4
