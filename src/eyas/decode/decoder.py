@@ -84,7 +84,7 @@ class Decoder:
 
     def _plain(self, prompt: list[int], max_new_tokens: int) -> Generation:
         target = TargetRunner(self.parts, None)
-        step = target.forward(torch.tensor(prompt), torch.arange(len(prompt)))
+        step = target.forward(torch.tensor(prompt), torch.arange(len(prompt)), last_only=True)
         result = Generation([self._pick(step.logits[-1])], target_forwards=1)
         while not self._done(result.tokens, max_new_tokens):
             position = len(prompt) + len(result.tokens) - 1
@@ -98,7 +98,7 @@ class Decoder:
         assert self.draft is not None and self.shape is not None
         target, drafter = TargetRunner(self.parts, capture), DraftRunner(self.draft)
         grower = TreeDrafter(drafter, self.shape, self.sampling, self.generator)
-        step = target.forward(torch.tensor(prompt), torch.arange(len(prompt)))
+        step = target.forward(torch.tensor(prompt), torch.arange(len(prompt)), last_only=True)
         result = Generation([self._pick(step.logits[-1])], target_forwards=1)
         # draft anchors 0..m-1: target features of the prompt, tokens x_1..x_m
         anchor_tokens = torch.tensor(prompt[1:] + result.tokens)

@@ -37,19 +37,25 @@ class TargetRunner:
         self.parts, self.capture = parts, capture
         self.cache = DynamicCache()
         # transformers 5.x names the argument `cache` (`past_key_values` is deprecated there); 4.x knows only the latter
-        self.cache_argument = "cache" if "cache" in inspect.signature(parts.model.forward).parameters else "past_key_values"
+        parameters = inspect.signature(parts.model.forward).parameters
+        self.cache_argument = "cache" if "cache" in parameters else "past_key_values"
+        self.can_keep_last = "logits_to_keep" in parameters
         self.length = 0
         self.device = parts.lm_head.weight.device
         self.dtype = parts.lm_head.weight.dtype
 
     @torch.inference_mode()
-    def forward(self, tokens: torch.Tensor, positions: torch.Tensor, visible: torch.Tensor | None = None) -> TargetStep:
+    def forward(self, tokens: torch.Tensor, positions: torch.Tensor, visible: torch.Tensor | None = None,
+                last_only: bool = False) -> TargetStep:
         """Run `tokens [n]` at `positions [n]` after the cached prefix; `visible [n, n]` bool says which
-        new tokens each new token sees (None: causal). The new entries stay in the cache until `keep`."""
+        new tokens each new token sees (None: causal). The new entries stay in the cache until `keep`.
+        With `last_only` (a prefill) the logits may hold the last token's row only."""
         n = tokens.numel()
         inputs = {"input_ids": tokens[None].to(self.device), "position_ids": positions[None].to(self.device),
                   self.cache_argument: self.cache, "use_cache": True,
                   "cache_position": torch.arange(self.length, self.length + n, device=self.device)}
+        if last_only and self.can_keep_last:
+            inputs["logits_to_keep"] = 1  # a prompt's [n, V] logits are never read
         if visible is not None:
             allowed = torch.cat([torch.ones(n, self.length, dtype=torch.bool), visible.cpu()], dim=1)  # [n, L+n]
             mask = torch.zeros(allowed.shape, dtype=self.dtype).masked_fill(~allowed, torch.finfo(self.dtype).min)
