@@ -230,6 +230,63 @@ def eval_(
     print_eval_report(eval_config.out, run_eval(eval_config))
 
 
+@app.command()
+def export(
+    draft: Annotated[Optional[Path], typer.Option(help="eyas draft dir (`eyas train`'s final/ or best/).")] = None,
+    format: Annotated[Optional[str], typer.Option(help="vllm, sglang or speculators.")] = None,
+    out: Annotated[Optional[Path], typer.Option(help="Directory for config.json + model.safetensors.")] = None,
+    target: Annotated[Optional[Path], typer.Option(help="The target (for --with-embedding, speculators verifier).")] = None,
+    with_embedding: Annotated[Optional[bool], typer.Option("--with-embedding", help="Also write the target's embedding.")] = None,
+    dtype: Annotated[Optional[str], typer.Option(help="bfloat16, float16 or float32 (default: as saved).")] = None,
+    overwrite: Annotated[Optional[bool], typer.Option("--overwrite", help="Replace another export in --out.")] = None,
+    config: ConfigOption = None,
+    overrides: Overrides = None,
+) -> None:
+    """Write a draft in the checkpoint format vLLM, SGLang or speculators loads (layer ids converted)."""
+    from eyas.config import ExportConfig, load_stage_config
+    from eyas.export.writer import run_export
+
+    flags = {"draft": draft, "format": format, "out": out, "target": target, "with_embedding": with_embedding,
+             "dtype": dtype, "overwrite": overwrite}
+    print(f"eyas export -> {run_export(load_stage_config(ExportConfig, 'export', config, flags, overrides))}")
+
+
+@app.command("import")
+def import_(
+    path: Annotated[Path, typer.Argument(help="Published draft dir (EAGLE-3 HF format, SpecForge, ModelOpt, speculators).")],
+    out: Annotated[Path, typer.Option(help="eyas draft dir to write.")],
+    target: Annotated[Optional[Path], typer.Option(help="Target: default layer ids, fingerprint, size checks.")] = None,
+    layer_convention: Annotated[Optional[str], typer.Option(help="input (vLLM-made) or output (SGLang/SpecForge/ModelOpt-made).")] = None,
+    overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace what is in --out.")] = False,
+) -> None:
+    """Read a published EAGLE-3 draft into eyas's draft format, to evaluate or fine-tune it."""
+    from eyas.export.importer import import_draft
+
+    if layer_convention not in (None, "input", "output"):
+        raise EyasError(f"--layer-convention: {layer_convention!r}: expected input or output")
+    imported = import_draft(path, out, target, layer_convention, overwrite)  # type: ignore[arg-type]
+    print(f"eyas import -> {out} (aux layers {imported.aux_layer_ids}, input convention; "
+          f"{imported.num_hidden_layers} layer(s), draft vocab {imported.draft_vocab_size})")
+
+
+@app.command("check-draft")
+def check_draft_(
+    path: Annotated[Path, typer.Argument(help="Draft dir as an engine will load it.")],
+    target: Annotated[Path, typer.Option(help="The target the engine will serve.")],
+    engine: Annotated[str, typer.Option(help="vllm or sglang.")],
+) -> None:
+    """Check a draft against its target for an engine before starting a server; report every problem."""
+    from eyas.export.check import check_draft
+    from eyas.reports import print_draft_check
+
+    if engine not in ("vllm", "sglang"):
+        raise EyasError(f"--engine: {engine!r}: expected vllm or sglang")
+    problems = check_draft(path, target, engine)  # type: ignore[arg-type]
+    print_draft_check(path, engine, problems)
+    if problems:
+        raise typer.Exit(1)
+
+
 def main() -> None:
     """Entry point: run the app; user errors print one line on stderr and exit 2."""
     try:

@@ -132,6 +132,22 @@ class EvalConfig(StageConfig):
     trust_remote_code: bool = Field(False, description="allow custom model code from the target directory")
 
 
+
+class ExportConfig(StageConfig):
+    """`eyas export`: an eyas draft -> the checkpoint format vLLM, SGLang or speculators loads."""
+
+    draft: Path = Field(description="eyas draft directory")
+    format: Literal["vllm", "sglang", "speculators"] = Field(description="engine format (sets the layer-id convention)")
+    out: Path = Field(description="directory to write config.json and model.safetensors to")
+    target: Path | None = Field(None, description="the target (for --with-embedding and the speculators verifier)")
+    with_embedding: bool = Field(False, description="also write the target's embedding as embed_tokens.weight")
+    verifier: str | None = Field(None, description="speculators: verifier name or path (default: --target)")
+    speculative_tokens: PositiveInt = Field(3, description="speculators: tokens its greedy proposal drafts")
+    dtype: Literal["bfloat16", "float16", "float32"] | None = Field(None, description="tensor dtype (default: as saved)")
+    overwrite: bool = Field(False, description="replace another export in --out")
+    trust_remote_code: bool = Field(False, description="allow custom tokenizer code from the target directory")
+
+
 Config = TypeVar("Config", bound=StageConfig)
 
 

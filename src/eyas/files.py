@@ -9,6 +9,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from eyas.errors import EyasError
+
 _CHUNK = 1 << 20
 _UMASK = os.umask(0)
 os.umask(_UMASK)
@@ -64,3 +66,17 @@ def write_text_atomic(path: Path, text: str) -> None:
 def write_json_atomic(path: Path, obj: Any) -> None:
     """Atomically replace `path` with `obj` as indented, key-sorted JSON."""
     write_text_atomic(path, json.dumps(obj, indent=2, sort_keys=True) + "\n")
+
+
+def read_json_object(path: Path, missing: str = "") -> dict[str, Any]:
+    """Return the JSON object in `path`; refuses a missing file (`missing` is added to the message),
+    malformed JSON (naming the line) and any other JSON value."""
+    if not path.is_file():
+        raise EyasError(f"{path}: not found{'; ' + missing if missing else ''}")
+    try:
+        value = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise EyasError(f"{path}:{exc.lineno}: malformed JSON: {exc.msg}") from None
+    if not isinstance(value, dict):
+        raise EyasError(f"{path}: expected a JSON object")
+    return value

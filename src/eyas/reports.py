@@ -98,3 +98,13 @@ def print_eval_report(out: Path, report: EvalReport) -> None:
     if report.sampling["temperature"] == 0:
         table.add_row("outputs identical to the target alone", f"{report.same_as_baseline}/{report.prompts}")
     console.print(table)
+
+
+def print_draft_check(path: Path, engine: str, problems: list[str]) -> None:
+    """Print the result of `eyas check-draft`: every problem on a line of its own, or that there is none."""
+    if not problems:
+        console.print(f"eyas check-draft {path} ({engine}): no problems found", soft_wrap=True)
+        return
+    console.print(f"eyas check-draft {path} ({engine}): {len(problems)} problem(s)", soft_wrap=True, style="bold")
+    for number, problem in enumerate(problems, 1):
+        console.print(f"  {number}. {problem}", soft_wrap=True, markup=False, highlight=False)

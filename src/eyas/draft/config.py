@@ -8,13 +8,13 @@ convention is recorded next to them (export converts them per engine).
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, PositiveInt, ValidationError
 
 from eyas.errors import EyasError
+from eyas.files import read_json_object
 from eyas.target.fingerprint import TargetFingerprint
 
 ARCHITECTURE = "EyasEagle3Draft"
@@ -101,12 +101,7 @@ def draft_config_for_target(target_config: Any, aux_layer_ids: list[int], draft_
 def read_draft_config(draft_dir: Path) -> DraftConfig:
     """Return the config of a draft directory written by eyas; refuses a missing or foreign one."""
     path = draft_dir / CONFIG_FILE
-    if not path.is_file():
-        raise EyasError(f"{path}: not found; is {draft_dir} a draft written by `eyas train`?")
-    try:
-        raw = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as exc:
-        raise EyasError(f"{path}:{exc.lineno}: malformed JSON: {exc.msg}") from None
+    raw = read_json_object(path, f"is {draft_dir} a draft written by `eyas train`?")
     if raw.get("architectures") != [ARCHITECTURE]:
         raise EyasError(f"{path}: architectures: {raw.get('architectures')} is not an eyas draft "
                         f"({ARCHITECTURE}); published drafts are read by `eyas import`")

@@ -12,7 +12,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 
 from eyas.errors import EyasError
-from eyas.files import sha256_file, sha256_text
+from eyas.files import read_json_object, sha256_file, sha256_text
 
 TOKENIZER_FILES = (
     "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
@@ -87,16 +87,7 @@ def read_model_config(target: Path) -> dict[str, Any]:
         return _gguf_config(target.absolute())
     if not target.is_dir():
         raise EyasError(f"{target}: not a directory; --target takes a local Hugging Face model directory or a .gguf file")
-    path = target / "config.json"
-    if not path.is_file():
-        raise EyasError(f"{path}: not found; --target takes a local Hugging Face model directory")
-    try:
-        config = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as exc:
-        raise EyasError(f"{path}:{exc.lineno}: malformed JSON: {exc.msg}") from None
-    if not isinstance(config, dict):
-        raise EyasError(f"{path}: expected a JSON object")
-    return config
+    return read_json_object(target / "config.json", "--target takes a local Hugging Face model directory")
 
 
 def config_vocab_size(target: Path, config: dict[str, Any]) -> int:

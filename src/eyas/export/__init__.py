@@ -1,0 +1,1 @@
+"""Checkpoint formats of the engines: export, import of published drafts, and their checks."""

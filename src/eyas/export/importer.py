@@ -1,0 +1,69 @@
+"""`eyas import`: a published EAGLE-3 draft (EAGLE-3 HF format or speculators) as an eyas draft directory."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+from pydantic import ValidationError
+
+from eyas.draft.config import CONFIG_FILE, DraftConfig
+from eyas.draft.model import write_draft
+from eyas.errors import EyasError
+from eyas.export.formats import Convention
+from eyas.export.reader import Published, draft_config_of, read_published, resolve_ids, target_fit_problems, tensor_problems
+from eyas.target.fingerprint import TargetFingerprint
+
+
+def target_facts(target: Path, trust_remote_code: bool = False) -> tuple[TargetFingerprint, Any]:
+    """Return the fingerprint and transformers config of a target (no weights are read)."""
+    from eyas.target.fingerprint import target_fingerprint
+    from eyas.target.load import load_config
+    from eyas.target.tokenizer import load_tokenizer
+
+    return (target_fingerprint(target, load_tokenizer(target, trust_remote_code)), load_config(target, trust_remote_code))
+
+
+def num_layers_of(target_config: Any) -> int:
+    return int((getattr(target_config, "text_config", None) or target_config).num_hidden_layers)
+
+
+def checked_config(published: Published, aux_ids: list[int], fingerprint: TargetFingerprint | None) -> DraftConfig:
+    """Return eyas's config of the published draft; refuses config values eyas cannot build a draft from."""
+    try:
+        return draft_config_of(published, aux_ids, fingerprint)
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        raise EyasError(f"{published.path / CONFIG_FILE}: {'.'.join(map(str, error['loc']))}: {error['msg']}") from None
+
+
+def eyas_tensors(published: Published, config: DraftConfig) -> dict[str, torch.Tensor]:
+    """Return the draft's tensors as eyas saves them, `d2t` (identity when absent) and `t2d` (from `d2t`) included."""
+    tensors = {name: t for name, t in published.tensors.items() if name not in ("d2t", "t2d")}
+    d2t = published.tensors.get("d2t", torch.zeros(config.draft_vocab_size, dtype=torch.int64)).long()
+    t2d = torch.zeros(config.vocab_size, dtype=torch.bool)
+    t2d[torch.arange(len(d2t)) + d2t] = True
+    return {**tensors, "d2t": d2t, "t2d": t2d}
+
+
+def import_draft(path: Path, out: Path, target: Path | None, convention: Convention | None, overwrite: bool,
+                 trust_remote_code: bool = False) -> DraftConfig:
+    """Write the published draft in `path` as an eyas draft in `out`; return its config.
+
+    Refuses, naming every problem at once, a draft with missing/unexpected/misshaped tensors or a
+    broken vocabulary mapping, or (with `target`) one that does not fit the target.
+    """
+    published = read_published(path)
+    fingerprint, target_config = target_facts(target, trust_remote_code) if target is not None else (None, None)
+    aux_ids = resolve_ids(published, convention, num_layers_of(target_config) if target_config is not None else None)
+    config = checked_config(published, aux_ids, fingerprint)
+    problems = published.problems + tensor_problems(published, config)
+    if target_config is not None:
+        problems += target_fit_problems(config, target_config, "input")
+    if problems:
+        raise EyasError(f"{path}: " + "; ".join(problems))
+    if out.is_dir() and any(out.iterdir()) and not overwrite:
+        raise EyasError(f"{out}: not empty; use another --out or --overwrite")
+    write_draft(config, eyas_tensors(published, config), out)
+    return config

@@ -1,0 +1,197 @@
+"""Reading published EAGLE-3 drafts (EAGLE-3 HF format, speculators) into eyas's draft, and checking them.
+
+Every problem found is collected (missing keys, missing, unexpected or misshaped tensors, a broken
+vocabulary mapping, sizes or layer ids that do not fit the target) so a check reports them all at
+once. The target is needed only to resolve default layer ids and to check against it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file
+
+from eyas.draft.config import CONFIG_FILE, DraftConfig
+from eyas.errors import EyasError
+from eyas.export.formats import HF_ARCHITECTURE, SPECULATORS_ARCHITECTURES, Convention, eyas_name, from_convention
+from eyas.files import read_json_object
+from eyas.target.fingerprint import TargetFingerprint
+
+LAYER_KEYS = ("hidden_size", "intermediate_size", "num_attention_heads", "vocab_size")
+
+
+@dataclass
+class Published:
+    """A published draft as read: its format, config, layer keys, tensors under eyas's names, and what is wrong."""
+
+    path: Path
+    kind: str  # "eagle3-hf" or "speculators"
+    config: dict[str, Any]
+    layer: dict[str, Any]
+    tensors: dict[str, torch.Tensor]
+    ids: list[int] | None
+    convention: Convention | None  # of `ids`, when the files say it
+    problems: list[str] = field(default_factory=list)
+
+
+def _weight_files(path: Path) -> list[Path]:
+    safetensors = sorted(path.glob("*.safetensors"))
+    return safetensors or sorted(path.glob("pytorch_model*.bin"))
+
+
+def _load_tensors(path: Path) -> dict[str, torch.Tensor]:
+    """Return every tensor of the checkpoint (safetensors; `.bin` through torch's weights-only loader, no code runs)."""
+    files = _weight_files(path)
+    if not files:
+        raise EyasError(f"{path}: no *.safetensors or pytorch_model*.bin weights")
+    tensors: dict[str, torch.Tensor] = {}
+    for file in files:
+        if file.suffix == ".safetensors":
+            tensors.update(load_file(str(file)))
+        else:
+            loaded = torch.load(file, map_location="cpu", weights_only=True)
+            if not isinstance(loaded, dict):
+                raise EyasError(f"{file}: expected a state dict")
+            tensors.update(loaded)
+    return tensors
+
+
+def read_published(path: Path) -> Published:
+    """Return the published draft in directory `path`; refuses a directory that is no EAGLE-3 draft."""
+    config_path = path / CONFIG_FILE
+    config = read_json_object(config_path)
+    architectures = config.get("architectures") or []
+    provenance = config.get("eyas") if isinstance(config.get("eyas"), dict) else {}
+    if config.get("speculators_model_type") == "eagle3" or set(architectures) & set(SPECULATORS_ARCHITECTURES):
+        kind, layer = "speculators", config.get("transformer_layer_config")
+        if not isinstance(layer, dict):
+            raise EyasError(f"{config_path}: transformer_layer_config: missing (a speculators EAGLE-3 config has it)")
+        ids, convention = config.get("eagle_aux_hidden_state_layer_ids"), "input"
+    elif HF_ARCHITECTURE in architectures:
+        kind, layer = "eagle3-hf", config
+        eagle = config.get("eagle_config") if isinstance(config.get("eagle_config"), dict) else {}
+        ids = eagle.get("eagle_aux_hidden_state_layer_ids", config.get("eagle_aux_hidden_state_layer_ids"))
+        convention = provenance.get("layer_convention")
+    else:
+        raise EyasError(f"{config_path}: architectures: {architectures} is no EAGLE-3 draft "
+                        f"({HF_ARCHITECTURE} or {'/'.join(SPECULATORS_ARCHITECTURES)})")
+    published = Published(path, kind, config, layer, {}, list(ids) if ids else None, convention)
+    published.problems += [f"{config_path}: {key}: missing" for key in LAYER_KEYS if not isinstance(layer.get(key), int)]
+    for name, tensor in _load_tensors(path).items():
+        mapped = eyas_name(name)
+        if mapped is not None:
+            published.tensors[mapped] = tensor
+    return published
+
+
+def default_ids(num_layers: int) -> list[int]:
+    """Return EAGLE-3's default aux layer ids (input convention) for a target of `num_layers` layers."""
+    return [2, num_layers // 2, num_layers - 3]
+
+
+def draft_config_of(published: Published, aux_ids: list[int], target: TargetFingerprint | None) -> DraftConfig:
+    """Return eyas's config for the published draft with `aux_ids` (input convention)."""
+    from eyas import __version__
+
+    layer, config = published.layer, published.config
+    hidden = int(layer.get("hidden_size") or 0)
+    heads = int(layer.get("num_attention_heads") or 1)
+    scaling = layer.get("rope_scaling")
+    values = {
+        "hidden_size": hidden, "target_hidden_size": int(config.get("target_hidden_size") or hidden),
+        "intermediate_size": int(layer.get("intermediate_size") or 0), "num_attention_heads": heads,
+        "num_key_value_heads": int(layer.get("num_key_value_heads") or heads),
+        "head_dim": int(layer.get("head_dim") or hidden // heads),
+        "num_hidden_layers": int(layer.get("num_hidden_layers") or 1), "rms_norm_eps": float(layer.get("rms_norm_eps") or 1e-6),
+        "rope_theta": float(layer.get("rope_theta") or (scaling or {}).get("rope_theta") or 10000.0),
+        "rope_scaling": {k: v for k, v in scaling.items() if k != "rope_theta"} if isinstance(scaling, dict)
+        and scaling.get("rope_type", scaling.get("type", "default")) != "default" else None,
+        "max_position_embeddings": int(layer.get("max_position_embeddings") or 4096),
+        "vocab_size": int(layer.get("vocab_size") or 0),
+        "draft_vocab_size": int(config.get("draft_vocab_size") or layer.get("vocab_size") or 0),
+        "aux_layer_ids": aux_ids, "target": target, "eyas_version": __version__,
+    }
+    return DraftConfig.model_validate(values)
+
+
+def _expected_shapes(config: DraftConfig) -> dict[str, tuple[int, ...]]:
+    from eyas.draft.model import Eagle3Draft
+
+    with torch.device("meta"):
+        return {name: tuple(t.shape) for name, t in Eagle3Draft(config).trainable_state().items()}
+
+
+def vocab_problems(d2t: torch.Tensor, t2d: torch.Tensor | None, vocab: int) -> list[str]:
+    """Return what is wrong with a draft->target mapping `d2t [N]` (and `t2d [V]` when present)."""
+    if d2t.dtype not in (torch.int64, torch.int32):
+        return [f"d2t: dtype {d2t.dtype}, expected int64 offsets"]
+    ids = torch.arange(len(d2t)) + d2t.long()
+    problems = []
+    if len(ids) and (int(ids.min()) < 0 or int(ids.max()) >= vocab):
+        problems.append(f"d2t: maps draft ids to target ids outside [0, {vocab})")
+    elif len(ids) > 1 and not bool((ids[1:] > ids[:-1]).all()):
+        problems.append("d2t: target ids are not strictly increasing (offsets, not ids? duplicated tokens?)")
+    if t2d is not None and not problems:
+        if t2d.dtype != torch.bool or t2d.shape != (vocab,):
+            problems.append(f"t2d: {t2d.dtype} {list(t2d.shape)}, expected bool [{vocab}]")
+        elif int(t2d.sum()) != len(ids) or not bool(t2d[ids].all()):
+            problems.append("t2d: does not mark exactly the target ids of d2t")
+    return problems
+
+
+def tensor_problems(published: Published, config: DraftConfig) -> list[str]:
+    """Return missing, unexpected and misshaped tensors and vocabulary-mapping problems."""
+    expected = _expected_shapes(config)
+    tensors = published.tensors
+    problems = []
+    if "norm.weight" in tensors and tensors["norm.weight"].shape != (config.hidden_size,):
+        problems.append(f"hidden_size: {config.hidden_size} in {CONFIG_FILE}, the weights are "
+                        f"{tensors['norm.weight'].shape[0]} wide (norm.weight)")
+    problems += [f"{name}: missing" for name in expected if name not in tensors and name not in ("d2t", "t2d")]
+    problems += [f"{name}: unexpected tensor" for name in tensors if name not in expected]
+    problems += [f"{name}: shape {list(tensors[name].shape)}, config implies {list(shape)}"
+                 for name, shape in expected.items() if name in tensors and tuple(tensors[name].shape) != shape]
+    if "d2t" in tensors:
+        problems += vocab_problems(tensors["d2t"], tensors.get("t2d"), config.vocab_size)
+    elif config.draft_vocab_size != config.vocab_size:
+        problems.append(f"d2t: missing, and the draft vocabulary ({config.draft_vocab_size}) is not the target's "
+                        f"({config.vocab_size})")
+    return problems
+
+
+def target_fit_problems(config: DraftConfig, target_config: Any, convention: Convention) -> list[str]:
+    """Return sizes and (engine-convention) layer ids that do not fit the target."""
+    text = getattr(target_config, "text_config", None) or target_config
+    hidden, layers, vocab = int(text.hidden_size), int(text.num_hidden_layers), int(text.vocab_size)
+    problems = []
+    if config.target_hidden_size != hidden:
+        problems.append(f"target_hidden_size: {config.target_hidden_size}, the target's hidden size is {hidden}")
+    if config.hidden_size != hidden:
+        problems.append(f"hidden_size: {config.hidden_size}, the target's (whose embedding the draft reads) is {hidden}")
+    if config.vocab_size != vocab:
+        problems.append(f"vocab_size: {config.vocab_size}, the target's vocabulary has {vocab} tokens")
+    low, high = (0, layers) if convention == "input" else (-1, layers - 1)
+    engine_ids = config.aux_layer_ids if convention == "input" else [i - 1 for i in config.aux_layer_ids]
+    if any(not low <= i <= high for i in engine_ids):
+        problems.append(f"eagle_aux_hidden_state_layer_ids: {engine_ids} ({convention} of layer k), the target's "
+                        f"{layers} layers allow {low}..{high}")
+    return problems
+
+
+def resolve_ids(published: Published, convention: Convention | None, num_layers: int | None) -> list[int]:
+    """Return the aux layer ids in eyas's input convention; refuses ids whose convention is unknown."""
+    where = f"{published.path / CONFIG_FILE}: eagle_aux_hidden_state_layer_ids"
+    if published.ids is None:
+        if num_layers is None:
+            raise EyasError(f"{where}: not given (EAGLE-3's defaults depend on the target: pass --target)")
+        return default_ids(num_layers)
+    known = published.convention or convention
+    if published.convention and convention and published.convention != convention:
+        raise EyasError(f"{where}: written in the {published.convention} convention, --layer-convention says {convention}")
+    if known is None:
+        raise EyasError(f"{where}: {published.ids} could count inputs of layers (vLLM-made drafts) or outputs "
+                        "(SGLang, SpecForge, ModelOpt); pass --layer-convention input|output")
+    return from_convention(published.ids, known)

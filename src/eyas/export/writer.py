@@ -1,0 +1,112 @@
+"""`eyas export`: an eyas draft directory written in the format an engine loads."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import save_file
+
+from eyas.config import ExportConfig
+from eyas.draft.config import CONFIG_FILE, WEIGHTS_FILE, DraftConfig, read_draft_config
+from eyas.draft.model import load_draft
+from eyas.errors import EyasError
+from eyas.export.formats import CONVENTION_OF, HF_ARCHITECTURE, Format, engine_name, to_convention
+from eyas.files import sha256_file, sha256_text, write_atomic, write_json_atomic
+from eyas.outputs import claim_output_dir
+
+PROVENANCE = "eyas"
+
+
+def _layer_config(config: DraftConfig) -> dict[str, Any]:
+    """Return the Llama-style keys describing the draft's decoder layer(s)."""
+    return {
+        "model_type": "llama", "hidden_size": config.hidden_size, "intermediate_size": config.intermediate_size,
+        "num_attention_heads": config.num_attention_heads, "num_key_value_heads": config.num_key_value_heads,
+        "head_dim": config.head_dim, "num_hidden_layers": config.num_hidden_layers, "rms_norm_eps": config.rms_norm_eps,
+        "rope_theta": config.rope_theta, "rope_scaling": config.rope_scaling,
+        "max_position_embeddings": config.max_position_embeddings, "vocab_size": config.vocab_size,
+        "hidden_act": "silu", "tie_word_embeddings": False,
+    }
+
+
+def engine_config(config: DraftConfig, fmt: Format, dtype: str, verifier: str | None,
+                  verifier_architectures: list[str], speculative_tokens: int) -> dict[str, Any]:
+    """Return the `config.json` of the draft in format `fmt` (layer ids in that format's convention)."""
+    ids = to_convention(config.aux_layer_ids, CONVENTION_OF[fmt])
+    provenance = {"layer_convention": CONVENTION_OF[fmt], "aux_layer_ids_input_convention": config.aux_layer_ids,
+                  "target": config.target.model_dump() if config.target else None, "eyas_version": config.eyas_version}
+    if fmt == "speculators":
+        return {
+            "architectures": ["Eagle3Speculator"], "speculators_model_type": "eagle3",
+            "transformer_layer_config": _layer_config(config), "draft_vocab_size": config.draft_vocab_size,
+            "norm_before_residual": False, "target_hidden_size": config.target_hidden_size,
+            "eagle_aux_hidden_state_layer_ids": ids, "torch_dtype": dtype,
+            "speculators_config": {
+                "algorithm": "eagle3", "default_proposal_method": "greedy",
+                "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": speculative_tokens}],
+                "verifier": {"name_or_path": verifier, "architectures": verifier_architectures},
+            },
+            PROVENANCE: provenance,
+        }
+    return {
+        "architectures": [HF_ARCHITECTURE], **_layer_config(config), "draft_vocab_size": config.draft_vocab_size,
+        "target_hidden_size": config.target_hidden_size, "torch_dtype": dtype,
+        "eagle_config": {"eagle_aux_hidden_state_layer_ids": ids, "use_aux_hidden_state": True},
+        PROVENANCE: provenance,
+    }
+
+
+def _embedding(config: ExportConfig, draft: DraftConfig) -> torch.Tensor:
+    """Return the target's input embedding `[V, H]` for `--with-embedding`; refuses another target's."""
+    from eyas.target.fingerprint import target_fingerprint
+    from eyas.target.head import load_target_head
+    from eyas.target.tokenizer import load_tokenizer
+
+    if config.target is None:
+        raise EyasError("export: --with-embedding needs --target (the embedding is the target's, not saved in the draft)")
+    fingerprint = target_fingerprint(config.target, load_tokenizer(config.target, config.trust_remote_code))
+    if draft.target is not None and draft.target.id != fingerprint.id:
+        raise EyasError(f"{config.target}: not the target {config.draft} was trained for (fingerprints differ)")
+    return load_target_head(config.target, torch.float32, "cpu", config.trust_remote_code).embed
+
+
+def run_export(config: ExportConfig) -> Path:
+    """Write the draft of `config.draft` in `config.format` to `config.out`; return `config.out`.
+
+    Refuses a multi-layer draft for SGLang (its EAGLE-3 model has one layer) and aux layer ids the
+    format's convention cannot express.
+    """
+    draft_config = read_draft_config(config.draft)
+    fmt: Format = config.format
+    if fmt == "sglang" and draft_config.num_hidden_layers > 1:
+        raise EyasError(f"{config.draft / CONFIG_FILE}: num_hidden_layers: {draft_config.num_hidden_layers}; SGLang's "
+                        "EAGLE-3 draft has one layer (use --format vllm or speculators)")
+    state = load_draft(config.draft).trainable_state()
+    dtype = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}[config.dtype] \
+        if config.dtype else state["fc.weight"].dtype
+    layers = draft_config.num_hidden_layers if fmt != "speculators" else 0  # speculators names layers.N always
+    tensors = {engine_name(name, layers): t.to(dtype) if t.is_floating_point() else t for name, t in state.items()}
+    if config.with_embedding:
+        tensors["embed_tokens.weight"] = _embedding(config, draft_config).to(dtype)
+    verifier = config.verifier or (str(config.target) if config.target else None)
+    architectures = []
+    if config.target is not None:
+        from eyas.target.fingerprint import read_model_config
+
+        architectures = list(read_model_config(config.target).get("architectures") or [])
+    body = engine_config(draft_config, fmt, str(dtype).removeprefix("torch."), verifier, architectures,
+                         config.speculative_tokens)
+    run_key = sha256_text(json.dumps({"config": body, "weights": sha256_file(config.draft / WEIGHTS_FILE),
+                                      "embedding": config.with_embedding}, sort_keys=True))
+    marker = config.out / ".eyas-export.json"
+    existing = {json.loads(marker.read_text(encoding="utf-8"))["run_key"]} if marker.is_file() else set()
+    claim_output_dir(config.out, run_key, existing, (CONFIG_FILE, WEIGHTS_FILE, ".eyas-export.json"), config.overwrite,
+                     "an eyas export")
+    write_atomic(config.out / WEIGHTS_FILE,
+                 lambda tmp: save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp), metadata={"format": "pt"}))
+    write_json_atomic(config.out / CONFIG_FILE, body)
+    write_json_atomic(marker, {"run_key": run_key, "format": fmt, "draft": str(config.draft)})
+    return config.out
