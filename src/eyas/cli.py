@@ -287,6 +287,29 @@ def check_draft_(
         raise typer.Exit(1)
 
 
+@app.command()
+def audit(
+    paths: Annotated[list[Path], typer.Argument(help="Client files or directories to check.")],
+    against: Annotated[str, typer.Option(help="Target: installed name, name==version, wheel or source dir.")],
+    baseline: Annotated[Optional[str], typer.Option(help="The version the code was written against (same forms).")] = None,
+    format: Annotated[str, typer.Option(help="text, json or sarif.")] = "text",
+    select: Annotated[Optional[str], typer.Option(help="Only these finding kinds, comma-separated.")] = None,
+) -> None:
+    """Find every use of a package's API that breaks against another version, before anything runs."""
+    from eyas import __version__
+    from eyas.audit.report import as_json, as_sarif, as_text
+    from eyas.audit.run import run_audit
+
+    if format not in ("text", "json", "sarif"):
+        raise EyasError(f"--format: {format!r}: expected text, json or sarif")
+    kinds = {k.strip() for k in select.split(",") if k.strip()} if select else None
+    result = run_audit(paths, against, baseline, kinds)
+    render = {"text": as_text, "json": as_json}.get(format)
+    print(render(result.findings, result.summary) if render else as_sarif(result.findings, result.summary, __version__))
+    if result.errors:
+        raise typer.Exit(1)
+
+
 def main() -> None:
     """Entry point: run the app; user errors print one line on stderr and exit 2."""
     try:

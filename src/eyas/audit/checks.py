@@ -1,0 +1,286 @@
+"""Findings: what in the client breaks against the target version, and (with a baseline) what
+changed under it. Nothing is reported that cannot be decided from source: members of classes
+with bases outside the model or a `__getattr__`, and names behind a lazy module `__getattr__`
+that the baseline did not have either, are unknown, not errors.
+"""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import asdict, dataclass
+
+from eyas.audit.apimodel import ApiModel, Attribute, Function, Klass, Module
+from eyas.audit.signature import CallShape, Signature, bind_problems
+from eyas.audit.usage import Usage
+
+ERROR, WARNING = "error", "warning"
+
+
+@dataclass(frozen=True)
+class Finding:
+    path: str
+    line: int
+    col: int
+    symbol: str
+    kind: str
+    severity: str
+    message: str
+    baseline_signature: str | None = None
+    target_signature: str | None = None
+    fix: str | None = None
+
+    def as_dict(self) -> dict[str, object]:
+        return asdict(self)
+
+
+def _text(member: object, name: str) -> str | None:
+    if isinstance(member, Function):
+        return f"{name}{member.signature.text()}" + (f" -> {member.returns}" if member.returns else "")
+    if isinstance(member, Klass):
+        return f"class {name}"
+    if isinstance(member, Attribute):
+        return f"{name} = {member.default}" if member.default is not None else name
+    return None
+
+
+def likely_replacement(name: str, candidates: list[str]) -> str | None:
+    """Return the candidate most likely to have replaced `name`: a close spelling, or one containing it."""
+    close = difflib.get_close_matches(name, candidates, n=1)
+    if close:
+        return close[0]
+    containing = sorted((c for c in candidates if name.strip("_") and name.strip("_") in c), key=len)
+    return containing[0] if containing else None
+
+
+def _shape_of(signature: Signature) -> CallShape:
+    """Return the call shape with which a framework calls a method of this signature (all parameters passed)."""
+    positional = sum(p.kind in ("posonly", "pos") for p in signature.params)
+    keywords = tuple(p.name for p in signature.params if p.kind == "kwonly")
+    return CallShape(positional, keywords)
+
+
+class Checker:
+    def __init__(self, target: ApiModel, baseline: ApiModel | None) -> None:
+        self.target, self.baseline = target, baseline
+        self.findings: list[Finding] = []
+        self._failed: set[tuple[str, int, str]] = set()
+
+    def add(self, usage: Usage, symbol: str, kind: str, severity: str, message: str, baseline: str | None = None,
+            target: str | None = None, fix: str | None = None) -> None:
+        self.findings.append(Finding(usage.path, usage.line, usage.col, symbol, kind, severity, message, baseline, target, fix))
+
+    def _hidden_by_lazy_module(self, model: ApiModel, qualname: str) -> bool:
+        """Return True when a missing `qualname` may be served by a module `__getattr__` of its parent."""
+        parent = qualname.rsplit(".", 1)[0]
+        module = model.lookup(parent)
+        return isinstance(module, Module) and module.lazy_getattr
+
+    def _missing(self, usage: Usage, qualname: str, kind: str) -> None:
+        """Report `qualname` missing in the target, once per line for a chain (`a.b` missing hides `a.b.c`)."""
+        if any(qualname.startswith(done) for (path, line, done) in self._failed if (path, line) == (usage.path, usage.line)):
+            return
+        in_baseline = self.baseline.lookup(qualname) if self.baseline else None
+        if self._hidden_by_lazy_module(self.target, qualname) and in_baseline is None:
+            return
+        self._failed.add((usage.path, usage.line, qualname))
+        leaf = qualname.rsplit(".", 1)[-1]
+        parent = self.target.lookup(qualname.rsplit(".", 1)[0])
+        fix = None
+        if isinstance(parent, Module):
+            close = likely_replacement(leaf, list(parent.members))
+            fix = f"did you mean {parent.name}.{close}?" if close else None
+        what = "cannot be imported" if kind == "unresolved-import" else "does not exist"
+        self.add(usage, qualname, kind, ERROR, f"{qualname} {what} in the target version",
+                 _text(in_baseline, leaf), None, fix)
+
+    def check(self, usage: Usage) -> None:
+        handler = getattr(self, f"_{usage.kind}")
+        handler(usage)
+
+    def _import(self, usage: Usage) -> None:
+        if self.target.lookup(usage.target) is None:
+            self._missing(usage, usage.target, "unresolved-import")
+
+    def _attribute(self, usage: Usage) -> None:
+        if self.target.lookup(usage.target) is None:
+            self._missing(usage, usage.target, "missing-attribute")
+
+    _string = _attribute
+
+    def _binding(self, usage: Usage, member: object, name: str, skip_self: bool) -> None:
+        if not isinstance(member, Function) or member.is_property:
+            return
+        target_signature = member.signature.without_first() if skip_self and not member.is_static else member.signature
+        problems = bind_problems(target_signature, usage.call)  # type: ignore[arg-type]
+        if not problems:
+            self._defaults_changed(usage, member, name, skip_self)
+            return
+        baseline = self._baseline_member(usage, name)
+        self.add(usage, name, "call-mismatch", ERROR, f"call of {name} does not bind: " + "; ".join(problems),
+                 _text(baseline, name.rsplit('.', 1)[-1]), _text(member, name.rsplit('.', 1)[-1]))
+
+    def _baseline_member(self, usage: Usage, name: str) -> object:
+        if self.baseline is None:
+            return None
+        if usage.member is not None:
+            klass = self.baseline.resolve_class(usage.target)
+            return self.baseline.concrete_member(klass, usage.member) if klass else None
+        return self.baseline.lookup(name)
+
+    def _call(self, usage: Usage) -> None:
+        found = self.target.lookup(usage.target)
+        if found is None:
+            self._missing(usage, usage.target, "missing-attribute")
+        elif isinstance(found, Klass):
+            constructor = self.target.constructor(found)
+            if constructor is not None:
+                problems = bind_problems(constructor, usage.call)  # type: ignore[arg-type]
+                baseline_class = self.baseline.resolve_class(usage.target) if self.baseline else None
+                baseline_init = self.baseline.constructor(baseline_class) if self.baseline and baseline_class else None
+                if problems:
+                    self.add(usage, usage.target, "call-mismatch", ERROR,
+                             f"{usage.target}(...) does not bind: " + "; ".join(problems),
+                             f"{found.name}{baseline_init.text()}" if baseline_init else None,
+                             f"{found.name}{constructor.text()}")
+                elif baseline_init is not None:
+                    self._changed_defaults(usage, baseline_init, constructor, usage.target)
+        elif isinstance(found, Function):
+            self._binding(usage, found, usage.target, skip_self=False)
+
+    def _member_call(self, usage: Usage) -> None:
+        klass = self.target.resolve_class(usage.target)
+        if klass is None:
+            return
+        member = self.target.concrete_member(klass, usage.member)  # type: ignore[arg-type]
+        if member is None:
+            self._member(usage)
+        else:
+            self._binding(usage, member, f"{usage.target}.{usage.member}", skip_self=True)
+
+    def _member(self, usage: Usage) -> None:
+        klass = self.target.resolve_class(usage.target)
+        if klass is None or self.target.is_open(klass):
+            return
+        if self.target.member_of(klass, usage.member) is None:  # type: ignore[arg-type]
+            name = f"{usage.target}.{usage.member}"
+            if (usage.path, usage.line, name) in self._failed:
+                return
+            self._failed.add((usage.path, usage.line, name))
+            members = [n for k in self.target.mro(klass) for n in [*k.methods, *k.attributes]]
+            close = likely_replacement(usage.member, members)  # type: ignore[arg-type]
+            self.add(usage, name, "missing-attribute", ERROR, f"{klass.name} has no attribute {usage.member} in the "
+                     "target version", _text(self._baseline_member(usage, name), usage.member),  # type: ignore[arg-type]
+                     None, f"did you mean {close}?" if close else None)
+
+    def _bind(self, usage: Usage) -> None:
+        """A function assigned onto a package object: the member must exist and accept how it is called."""
+        klass = self.target.resolve_class(usage.target)
+        if klass is None or self.target.is_open(klass):
+            return
+        upstream = self.target.member_of(klass, usage.member)  # type: ignore[arg-type]
+        name = f"{usage.target}.{usage.member}"
+        if upstream is None:
+            self.add(usage, name, "dead-binding", ERROR, f"binds a function onto {name}, which no longer exists "
+                     "upstream: nothing calls it", _text(self._baseline_member(usage, name), usage.member))  # type: ignore[arg-type]
+        elif isinstance(upstream, Function) and usage.signature is not None:
+            problems = bind_problems(usage.signature, _shape_of(upstream.signature.without_first()))
+            if problems:
+                self.add(usage, name, "bind-mismatch", ERROR, f"the function bound onto {name} does not accept how "
+                         "it is called: " + "; ".join(problems), None, _text(upstream, usage.member))  # type: ignore[arg-type]
+
+    def _override(self, usage: Usage) -> None:
+        klass = self.target.resolve_class(usage.target)
+        if klass is None:
+            return
+        upstream = self.target.member_of(klass, usage.member)  # type: ignore[arg-type]
+        name = f"{usage.target}.{usage.member}"
+        baseline_class = self.baseline.resolve_class(usage.target) if self.baseline else None
+        before = self.baseline.member_of(baseline_class, usage.member) if self.baseline and baseline_class else None  # type: ignore[arg-type]
+        if upstream is None:
+            if before is not None or usage.use == "marked":
+                close = likely_replacement(usage.member, [n for k in self.target.mro(klass) for n in k.methods])  # type: ignore[arg-type]
+                self.add(usage, name, "dead-override", ERROR, f"overrides {name}, which no longer exists upstream: "
+                         "the framework will not call it", _text(before, usage.member), None,  # type: ignore[arg-type]
+                         f"override {close} instead?" if close else None)
+            return
+        if not isinstance(upstream, Function) or upstream.is_property or usage.signature is None:
+            return
+        shape = _shape_of(upstream.signature.without_first())
+        problems = bind_problems(usage.signature, shape)
+        if not problems:
+            return
+        if isinstance(before, Function) and not bind_problems(usage.signature, _shape_of(before.signature.without_first())) \
+                or self.baseline is None:
+            self.add(usage, name, "override-mismatch", ERROR, f"override of {name} no longer matches how it is called: "
+                     + "; ".join(problems), _text(before, usage.member), _text(upstream, usage.member))  # type: ignore[arg-type]
+
+    def _result(self, usage: Usage) -> None:
+        if self.baseline is None:
+            return
+        name = usage.target if usage.member is None else f"{usage.target}.{usage.member}"
+        now, before = self._resolve_callable(self.target, usage), self._resolve_callable(self.baseline, usage)
+        if isinstance(now, Function) and isinstance(before, Function) and now.returns != before.returns:
+            self.add(usage, name, "return-changed", WARNING, f"the result of {name} is {'iterated' if usage.use == 'iterate' else usage.use + 'ed'} "
+                     f"here, and its return type changed from {before.returns} to {now.returns}",
+                     _text(before, name.rsplit('.', 1)[-1]), _text(now, name.rsplit('.', 1)[-1]))
+
+    @staticmethod
+    def _resolve_callable(model: ApiModel, usage: Usage) -> object:
+        if usage.member is None:
+            return model.lookup(usage.target)
+        klass = model.resolve_class(usage.target)
+        return model.member_of(klass, usage.member) if klass else None
+
+    def _defaults_changed(self, usage: Usage, member: Function, name: str, skip_self: bool) -> None:
+        before = self._baseline_member(usage, name)
+        if isinstance(before, Function):
+            strip = (lambda s: s.without_first()) if skip_self and not member.is_static else (lambda s: s)
+            self._changed_defaults(usage, strip(before.signature), strip(member.signature), name)
+
+    def _changed_defaults(self, usage: Usage, before: Signature, now: Signature, name: str) -> None:
+        call = usage.call
+        if call is None or call.double_star:
+            return
+        passed = {p.name for p in [p for p in now.params if p.kind in ("posonly", "pos")][:call.positional]} | set(call.keywords)
+        for param in now.params:
+            old = before.param(param.name)
+            if param.name in passed or old is None or param.default is None or old.default is None:
+                continue
+            if old.default != param.default:
+                self.add(usage, f"{name}({param.name})", "default-changed", WARNING,
+                         f"{param.name} is not passed here and its default changed from {old.default} to {param.default}",
+                         f"{name.rsplit('.', 1)[-1]}{before.text()}", f"{name.rsplit('.', 1)[-1]}{now.text()}",
+                         f"pass {param.name}={old.default} to keep the old behaviour")
+
+    def untyped(self, usages: list[Usage], classes: set[str]) -> None:
+        """Warn about methods called on receivers of unknown type that the package's classes the client
+        uses had in the baseline but no longer have."""
+        if self.baseline is None:
+            return
+        for usage in usages:
+            candidates = []
+            for qualname in sorted(classes):
+                old, new = self.baseline.resolve_class(qualname), self.target.resolve_class(qualname)
+                if old is None or new is None or self.target.is_open(new):
+                    continue
+                if self.baseline.member_of(old, usage.member) is not None and self.target.member_of(new, usage.member) is None:  # type: ignore[arg-type]
+                    members = [n for k in self.target.mro(new) for n in k.methods]
+                    candidates.append((qualname, likely_replacement(usage.member, members)))  # type: ignore[arg-type]
+            if candidates:
+                names = ", ".join(c for c, _ in candidates)
+                replacement = next((r for _, r in candidates if r), None)
+                self.add(usage, f"{usage.target}.{usage.member}", "method-removed", WARNING,
+                         f"{usage.member}() is called on {usage.target} (type unknown here); {names} had it in the "
+                         "baseline and no longer " + ("has" if len(candidates) == 1 else "have") + " it",
+                         fix=f"likely replacement: {replacement}" if replacement else None)
+
+
+def package_classes(usages: list[Usage], model: ApiModel) -> set[str]:
+    """Return the package classes the client names (called, subclassed, typed), with their bases."""
+    names: set[str] = set()
+    for usage in usages:
+        if usage.kind in ("member", "member_call", "override", "bind") or usage.kind in ("call", "import", "attribute"):
+            klass = model.resolve_class(usage.target)
+            if klass is not None:
+                names |= {k.qualname for k in model.mro(klass)}
+    return names
