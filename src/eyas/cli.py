@@ -66,9 +66,22 @@ def prepare(
     print_prepare_summary(stage_config.out, manifest, reused)
 
 
-preflight_app = typer.Typer(help="Check a stage before any weights load: configs, files, engine APIs, a meta-device dry run.",
-                             no_args_is_help=True)
+preflight_app = typer.Typer(help="Check before any weights load: eyas's engine API contract (alone), or a whole stage.")
 app.add_typer(preflight_app, name="preflight")
+
+
+@preflight_app.callback(invoke_without_command=True)
+def preflight_engines(context: typer.Context) -> None:
+    """Audit eyas's engine-facing modules against the installed engines (exit 1 on problems)."""
+    if context.invoked_subcommand is not None:
+        return
+    from eyas.audit.contract import engine_api_problems
+    from eyas.reports import print_preflight
+
+    problems, facts = engine_api_problems()
+    print_preflight(facts, problems)
+    if problems:
+        raise typer.Exit(1)
 
 
 def _extract_flags(target: Optional[Path], data: Optional[Path], out: Optional[Path], layers: Optional[str],
@@ -170,6 +183,7 @@ def train(
     resume: Annotated[Optional[bool], typer.Option("--resume", help="Require a checkpoint in --out to continue.")] = None,
     overwrite: Annotated[Optional[bool], typer.Option("--overwrite", help="Replace another run in --out.")] = None,
     fsdp: Annotated[Optional[bool], typer.Option("--fsdp", help="Under torchrun: shard the draft (FSDP2).")] = None,
+    no_preflight: Annotated[bool, typer.Option("--no-preflight", help="Online: skip the engine API preflight.")] = False,
     config: ConfigOption = None,
     overrides: Overrides = None,
 ) -> None:
@@ -182,7 +196,7 @@ def train(
     flags.update({"features": features, "init": init, "draft_vocab_size": draft_vocab_size, "num_layers": num_layers,
                   "ttt_steps": ttt_steps, "max_steps": max_steps, "epochs": epochs, "lr": lr, "grad_accum": grad_accum,
                   "token_budget": token_budget, "seed": seed, "resume": resume, "overwrite": overwrite,
-                  "fsdp": fsdp})
+                  "fsdp": fsdp, "preflight": False if no_preflight else None})
     result = run_train(load_stage_config(TrainConfig, "train", config, flags, overrides))
     print_train_summary(result)
 

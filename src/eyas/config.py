@@ -100,6 +100,7 @@ class TrainConfig(StageConfig):
     keep_last: PositiveInt = Field(2, description="checkpoints kept besides the best one")
     device: str | None = Field(None, description="cpu, cuda or cuda:N (default cuda if present; LOCAL_RANK under torchrun)")
     fsdp: bool = Field(False, description="under torchrun: shard the draft's weights, gradients and AdamW moments (FSDP2)")
+    preflight: bool = Field(True, description="online: audit eyas's engine API contract before loading the target")
     dtype: Literal["bfloat16", "float32"] = Field("bfloat16", description="autocast dtype on CUDA (CPU runs float32)")
     target_dtype: Literal["bfloat16", "float16", "float32"] = Field("bfloat16", description="dtype of the target parts")
     layers: list[int] | None = Field(None, description="online: aux layer ids (default: EAGLE-3's 3 layers)")

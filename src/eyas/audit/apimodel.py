@@ -13,6 +13,7 @@ and NamedTuples synthesize from their fields.
 from __future__ import annotations
 
 import ast
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Union
@@ -21,6 +22,8 @@ from eyas.audit.signature import Param, Signature, signature_of
 
 DATACLASS_DECORATORS = {"dataclass", "dataclasses.dataclass", "pydantic.dataclasses.dataclass", "attr.s", "attr.attrs",
                         "attrs.define", "attrs.frozen", "attrs.mutable", "attr.define", "attr.frozen", "define", "frozen"}
+_WORD = re.compile(r"[A-Za-z_]\w*")
+_STAR_IMPORT = re.compile(r"^\s*from\s+(\.*)([\w.]*)\s+import\s+\*", re.MULTILINE)
 FIELD_BASES = {"pydantic.BaseModel": "pydantic", "pydantic.main.BaseModel": "pydantic", "msgspec.Struct": "msgspec",
                "typing.NamedTuple": "namedtuple", "NamedTuple": "namedtuple"}
 
@@ -53,6 +56,10 @@ class Function:
     def is_static(self) -> bool:
         return "staticmethod" in self.decorators
 
+    @property
+    def is_classmethod(self) -> bool:
+        return "classmethod" in self.decorators
+
 
 @dataclass
 class Klass:
@@ -69,6 +76,7 @@ class Klass:
     kw_only_fields: set[str] = field(default_factory=set)
     forbids_extra: bool = False
     docstring: str | None = None
+    decorator_sources: list[str] = field(default_factory=list)  # as written, arguments included
 
 
 @dataclass
@@ -191,6 +199,10 @@ class _ModuleReader:
                 except ValueError:
                     pass
                 continue
+            existing = self.module.members.get(target.id)
+            if isinstance(existing, (Klass, Function)) and isinstance(node.value, ast.Call) and any(
+                    isinstance(a, ast.Name) and a.id == target.id for a in node.value.args):
+                continue  # `X = decorate(X)`: X stays the class or function it was
             value = _dotted(node.value) if node.value is not None else None
             if value and isinstance(node.value, (ast.Name, ast.Attribute)) and self.qualify(value) != value:
                 self.module.members[target.id] = Alias(self.qualify(value) or value)  # re-binding of an import
@@ -209,7 +221,7 @@ class _ModuleReader:
         bases = [q for b in node.bases if (q := self.qualify(_dotted(b)))]
         decorators = [self.qualify(_dotted(d)) or ast.unparse(d) for d in node.decorator_list]
         klass = Klass(node.name, qualname, self.module.name, node.lineno, bases, decorators,
-                      docstring=ast.get_docstring(node))
+                      docstring=ast.get_docstring(node), decorator_sources=[ast.unparse(d) for d in node.decorator_list])
         for keyword in node.keywords:  # class Model(BaseModel, extra="forbid") / msgspec kw_only=True
             if keyword.arg == "extra" and ast.unparse(keyword.value).strip("'\"") == "forbid":
                 klass.forbids_extra = True
@@ -257,6 +269,7 @@ class ApiModel:
     def __init__(self, roots: list[Path]) -> None:
         self.roots = roots
         self._modules: dict[str, Module | None] = {}
+        self._scans: dict[str, tuple[frozenset[str], list[str]] | None] = {}
 
     def find_file(self, name: str) -> tuple[Path, bool] | None:
         parts = name.split(".")
@@ -317,6 +330,8 @@ class ApiModel:
             if submodule is not None:
                 return submodule
             for source in owner.star_imports:
+                if not self._could_define(source, name, set()):
+                    continue  # a text search spares parsing the hundreds of modules a package star-imports
                 found = self.lookup(f"{source}.{name}", seen)
                 if found is not None:
                     return found
@@ -342,6 +357,34 @@ class ApiModel:
             if not (isinstance(member, Function) and member.signature.passes_through):
                 return member
         return first
+
+    def _could_define(self, module: str, name: str, visited: set[str]) -> bool:
+        """Return False when the source of `module` (and of what it star-imports) never mentions `name`."""
+        if module in visited:
+            return False
+        visited.add(module)
+        scanned = self._scan(module)
+        if scanned is None:
+            return self.find_file(module) is not None
+        words, star_sources = scanned
+        return name in words or any(self._could_define(source, name, visited) for source in star_sources)
+
+    def _scan(self, module: str) -> tuple[frozenset[str], list[str]] | None:
+        """Return the identifiers a module's source mentions and the modules it star-imports (read once, not parsed)."""
+        if module not in self._scans:
+            found = self.find_file(module)
+            if found is None or found[0].is_dir():
+                self._scans[module] = None
+            else:
+                text = found[0].read_text(encoding="utf-8", errors="replace")
+                package = module if found[1] else module.rsplit(".", 1)[0]
+                sources = []
+                for dots, rest in _STAR_IMPORT.findall(text):
+                    parts = package.split(".")
+                    base = parts[: len(parts) - (len(dots) - 1)] if dots else []
+                    sources.append(".".join([*base, rest] if rest else base) if dots else rest)
+                self._scans[module] = (frozenset(_WORD.findall(text)), sources)
+        return self._scans[module]
 
     def resolve_class(self, qualname: str) -> Klass | None:
         found = self.lookup(qualname)
@@ -392,6 +435,8 @@ class ApiModel:
         kind = self.field_kind(klass)
         if kind is None:
             return None if self.is_open(klass) else Signature([])
+        sources = [d for k in self.mro(klass) for d in k.decorator_sources]
+        all_keyword = any("kw_only=True" in d or "kw_only_default=True" in d for d in sources)
         params: dict[str, Param] = {}
         for current in reversed(self.mro(klass)):
             for name in current.field_order:
@@ -399,10 +444,11 @@ class ApiModel:
                     continue
                 attribute = current.attributes[name]
                 default = attribute.default if attribute.has_value else None
-                keyword_only = kind in ("pydantic", "msgspec") or name in current.kw_only_fields
+                keyword_only = kind in ("pydantic", "msgspec") or all_keyword or name in current.kw_only_fields
                 params.pop(name, None)
                 params[name] = Param(name, "kwonly" if keyword_only else "pos", default, attribute.annotation)
-        extra = kind == "pydantic" and not any(k.forbids_extra for k in self.mro(klass))
+        extra = (kind == "pydantic" and not any(k.forbids_extra for k in self.mro(klass))
+                 or any("accept_kwargs=True" in d for d in sources))  # huggingface_hub's strict dataclasses
         ordered = [p for p in params.values() if p.kind == "pos"] + [p for p in params.values() if p.kind == "kwonly"]
         if extra:
             ordered.append(Param("data", "varkw", None, None))

@@ -111,6 +111,8 @@ class Checker:
         if not isinstance(member, Function) or member.is_property:
             return
         target_signature = member.signature.without_first() if skip_self and not member.is_static else member.signature
+        if usage.call is None:
+            return
         problems = bind_problems(target_signature, usage.call)  # type: ignore[arg-type]
         if not problems:
             self._defaults_changed(usage, member, name, skip_self)
@@ -145,7 +147,8 @@ class Checker:
                 elif baseline_init is not None:
                     self._changed_defaults(usage, baseline_init, constructor, usage.target)
         elif isinstance(found, Function):
-            self._binding(usage, found, usage.target, skip_self=False)
+            owner = self.target.lookup(usage.target.rsplit(".", 1)[0])
+            self._binding(usage, found, usage.target, skip_self=isinstance(owner, Klass) and found.is_classmethod)
 
     def _member_call(self, usage: Usage) -> None:
         klass = self.target.resolve_class(usage.target)

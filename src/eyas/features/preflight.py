@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from eyas.audit.contract import engine_api_problems
 from eyas.config import ExtractConfig
 from eyas.data.dataset import DatasetManifest, read_manifest
 from eyas.errors import EyasError
@@ -111,6 +112,9 @@ def _dry_run(plan: ExtractPlan) -> None:
 def preflight_extract(config: ExtractConfig) -> ExtractPlan:
     """Return the plan of an extraction with every problem found before loading weights (none: ok)."""
     plan = ExtractPlan()
+    engine_problems, engine_facts = engine_api_problems()
+    plan.problems += engine_problems
+    plan.facts.update(engine_facts)
     try:
         plan.device = resolve_device(config.device)
     except EyasError as error:

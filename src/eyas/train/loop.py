@@ -17,6 +17,7 @@ from pathlib import Path
 
 import torch
 
+from eyas.audit.contract import engine_api_problems
 from eyas.config import TrainConfig, write_resolved_config
 from eyas.data.dataset import read_manifest
 from eyas.distributed import Ranks, all_reduce_gradients, all_reduce_sum, barrier, current_ranks, init_distributed, rank_device
@@ -40,7 +41,7 @@ from eyas.train.sources import OnlineSource, SampleSource, StoreSource
 METRICS = "metrics.jsonl"
 SUMMARY = "summary.json"
 _OWN = (CHECKPOINTS, "final", "best", METRICS, SUMMARY, "config.yaml", "tensorboard")
-_NOT_DECISIVE = {"out", "overwrite", "resume", "log_every", "save_every", "keep_last", "device", "fsdp"}
+_NOT_DECISIVE = {"out", "overwrite", "resume", "log_every", "save_every", "keep_last", "device", "fsdp", "preflight"}
 
 
 @dataclass
@@ -269,6 +270,10 @@ def run_train(config: TrainConfig) -> TrainResult:
     """
     ranks = current_ranks()
     setup = resolve_train(config)
+    if setup.online and config.preflight:
+        problems, _ = engine_api_problems()
+        if problems:
+            raise EyasError(f"preflight found {len(problems)} problem(s): " + " | ".join(problems))
     device_name = rank_device(ranks, resolve_device(config.device))
     init_distributed(ranks, device_name)
     run_key = _run_key(config, setup, ranks.world)
