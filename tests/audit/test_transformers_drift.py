@@ -76,3 +76,26 @@ def test_eyas_engine_contract_is_clean_against_the_installed_transformers() -> N
     problems, facts = engine_api_problems()
     assert problems == []
     assert any(key.startswith("engine API (transformers==") for key in facts)
+
+
+@pytest.mark.slow
+def test_peft_0_17_1_against_transformers_5(cache: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A real project's published source (peft 0.17.1, ~41k lines, from PyPI) against two real transformers
+    releases: the three breaks that make it fail on 5.x, and none of its version-gated compatibility code."""
+    import subprocess
+    import sys
+    import zipfile
+
+    monkeypatch.setenv("EYAS_CACHE", str(cache))
+    subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", "-d", str(tmp_path), "peft==0.17.1"],
+                   check=True)
+    with zipfile.ZipFile(next(tmp_path.glob("peft-0.17.1-*.whl"))) as wheel:
+        wheel.extractall(tmp_path / "peft-src")
+    result = run_audit([tmp_path / "peft-src" / "peft"], TARGET, BASELINE)
+    got = {(f.kind, f.symbol, Path(f.path).name) for f in result.findings}
+    assert got == {
+        ("unresolved-import", "transformers.HybridCache", "peft_model.py"),
+        ("missing-attribute", "transformers.DynamicCache.from_legacy_cache", "peft_model.py"),
+        ("missing-attribute", "transformers.EncoderDecoderCache.from_legacy_cache", "peft_model.py"),
+    }
+    assert result.summary["files"] > 150

@@ -64,6 +64,7 @@ class Checker:
         self.target, self.baseline = target, baseline
         self.findings: list[Finding] = []
         self._failed: set[tuple[str, int, str]] = set()
+        self._failed_imports: set[tuple[str, str]] = set()
 
     def add(self, usage: Usage, symbol: str, kind: str, severity: str, message: str, baseline: str | None = None,
             target: str | None = None, fix: str | None = None) -> None:
@@ -94,12 +95,20 @@ class Checker:
                  _text(in_baseline, leaf), None, fix)
 
     def check(self, usage: Usage) -> None:
+        """Check one usage; code under a version check or a try/except ImportError is compatibility
+        code written for other versions, and is not checked."""
+        if usage.guarded:
+            return
+        if usage.kind in ("attribute", "call", "member", "member_call") and any(
+                usage.path == path and usage.target.startswith(failed) for path, failed in self._failed_imports):
+            return  # the failed import is the finding
         handler = getattr(self, f"_{usage.kind}")
         handler(usage)
 
     def _import(self, usage: Usage) -> None:
         if self.target.lookup(usage.target) is None:
             self._missing(usage, usage.target, "unresolved-import")
+            self._failed_imports.add((usage.path, usage.target))
 
     def _attribute(self, usage: Usage) -> None:
         if self.target.lookup(usage.target) is None:

@@ -21,6 +21,8 @@ from typing import Literal
 
 from eyas.audit.signature import CallShape, Signature, signature_of
 
+_VERSION_CHECK = re.compile(r"version|VERSION|is_\w+_available|hasattr\(")
+_COMPAT_ERRORS = ("ImportError", "ModuleNotFoundError", "AttributeError", "Exception")
 UsageKind = Literal["import", "attribute", "call", "member", "member_call", "override", "bind", "string", "result",
                     "untyped_call"]
 
@@ -36,6 +38,7 @@ class Usage:
     call: CallShape | None = None
     signature: Signature | None = None  # of an override or bound function (without self)
     use: str | None = None  # result: index / iterate / test
+    guarded: bool = False  # under a version check or a try/except ImportError: compatibility code
 
 
 @dataclass(frozen=True)
@@ -44,6 +47,7 @@ class Ref:
 
     qualname: str
     instance: bool = False
+    guarded: bool = False  # bound under a version check or a try/except ImportError
 
 
 @dataclass
@@ -51,7 +55,14 @@ class _ClientClass:
     name: str
     package_bases: list[str]
     methods: set[str] = field(default_factory=set)
-    self_attributes: dict[str, Ref] = field(default_factory=dict)
+    self_attributes: dict[str, Ref] = field(default_factory=dict)  # self.x known to be a package instance
+    assigned: set[str] = field(default_factory=set)  # every self.x the class assigns or defines
+    other_bases: bool = False  # a base outside the package (its members are unknown)
+
+    def inherits(self, name: str) -> bool:
+        """True when `self.<name>` can only come from the package bases (so a missing one is an error)."""
+        return bool(self.package_bases) and not self.other_bases and not name.startswith("__") \
+            and name not in self.methods and name not in self.assigned
 
 
 def _shape(call: ast.Call) -> CallShape:
@@ -69,11 +80,19 @@ class _FileReader(ast.NodeVisitor):
         self.classes: dict[str, _ClientClass] = {}
         self.current_class: _ClientClass | None = None
         self.local_returns: dict[str, Ref] = {}
+        self.guard_depth = 0
         self.pattern = re.compile(rf"^({'|'.join(map(re.escape, sorted(packages)))})(\.[A-Za-z_]\w*)+$")
 
-    def add(self, kind: UsageKind, node: ast.AST, target: str, **extra: object) -> None:
+    def add(self, kind: UsageKind, node: ast.AST, target: str, via: Ref | None = None, **extra: object) -> None:
+        guarded = self.guard_depth > 0 or (via is not None and via.guarded)
         self.usages.append(Usage(kind, self.path, getattr(node, "lineno", 0), getattr(node, "col_offset", 0) + 1,
-                                 target, **extra))  # type: ignore[arg-type]
+                                 target, guarded=guarded, **extra))  # type: ignore[arg-type]
+
+    def guarded_visit(self, nodes: list[ast.stmt]) -> None:
+        self.guard_depth += 1
+        for node in nodes:
+            self.visit(node)
+        self.guard_depth -= 1
 
     # names
     def lookup(self, name: str) -> Ref | None:
@@ -84,6 +103,8 @@ class _FileReader(ast.NodeVisitor):
 
     def bind_name(self, name: str, ref: Ref | None) -> None:
         scope = self.scopes[-1] if self.scopes else self.module_scope
+        if ref is not None and self.guard_depth:
+            ref = Ref(ref.qualname, ref.instance, guarded=True)
         if ref is None:
             scope.pop(name, None)
         else:
@@ -101,11 +122,11 @@ class _FileReader(ast.NodeVisitor):
             base = self.ref_of(node.value)
             if base is None or base.instance:
                 return None
-            return Ref(f"{base.qualname}.{node.attr}")
+            return Ref(f"{base.qualname}.{node.attr}", guarded=base.guarded)
         if isinstance(node, ast.Call):
             func = self.ref_of(node.func)
             if func is not None and not func.instance:
-                return Ref(func.qualname, instance=True)  # a class call gives an instance (checked later: a class?)
+                return Ref(func.qualname, instance=True, guarded=func.guarded)  # a class call gives an instance
             if isinstance(node.func, ast.Name) and node.func.id in self.local_returns:
                 return self.local_returns[node.func.id]
         return None
@@ -145,7 +166,10 @@ class _FileReader(ast.NodeVisitor):
 
     def visit_ClassDef(self, node: ast.ClassDef) -> None:
         bases = [ref.qualname for b in node.bases if (ref := self.ref_of(b)) is not None and not ref.instance]
-        client = _ClientClass(node.name, bases, {f.name for f in node.body if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))})
+        defined = {f.name for f in node.body if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))}
+        defined |= {t.id for item in node.body if isinstance(item, (ast.Assign, ast.AnnAssign))
+                    for t in (item.targets if isinstance(item, ast.Assign) else [item.target]) if isinstance(t, ast.Name)}
+        client = _ClientClass(node.name, bases, defined, other_bases=len(bases) < len(node.bases))
         self.classes[node.name] = client
         outer, self.current_class = self.current_class, client
         for item in node.body:  # first pass: self.x = <package object> anywhere in the class
@@ -154,6 +178,7 @@ class _FileReader(ast.NodeVisitor):
                     targets = sub.targets if isinstance(sub, ast.Assign) else [sub.target]
                     for target in targets:
                         if isinstance(target, ast.Attribute) and isinstance(target.value, ast.Name) and target.value.id == "self":
+                            client.assigned.add(target.attr)
                             ref = self.annotation_ref(sub.annotation) if isinstance(sub, ast.AnnAssign) else None
                             ref = ref or self.ref_of(sub.value)
                             if ref is not None and ref.instance:
@@ -222,16 +247,16 @@ class _FileReader(ast.NodeVisitor):
     # expressions
     def visit_Attribute(self, node: ast.Attribute) -> None:
         if isinstance(node.value, ast.Name) and node.value.id == "self" and self.current_class:
-            if node.attr not in self.current_class.methods and node.attr not in self.current_class.self_attributes:
+            if self.current_class.inherits(node.attr):
                 for base in self.current_class.package_bases:
                     self.add("member", node, base, member=node.attr)
             return
         base = self.ref_of(node.value)
         if base is not None:
             if base.instance:
-                self.add("member", node, base.qualname, member=node.attr)
+                self.add("member", node, base.qualname, via=base, member=node.attr)
             else:
-                self.add("attribute", node, f"{base.qualname}.{node.attr}")
+                self.add("attribute", node, f"{base.qualname}.{node.attr}", via=base)
         self.generic_visit(node)
 
     def visit_Call(self, node: ast.Call) -> None:
@@ -241,10 +266,10 @@ class _FileReader(ast.NodeVisitor):
             owner = self.ref_of(func.value)
             is_self = isinstance(func.value, ast.Name) and func.value.id == "self" and self.current_class is not None
             if owner is not None and owner.instance:
-                self.add("member_call", node, owner.qualname, member=func.attr, call=shape)
+                self.add("member_call", node, owner.qualname, via=owner, member=func.attr, call=shape)
             elif owner is not None:
-                self.add("call", node, f"{owner.qualname}.{func.attr}", call=shape)
-            elif is_self and func.attr not in self.current_class.methods:  # type: ignore[union-attr]
+                self.add("call", node, f"{owner.qualname}.{func.attr}", via=owner, call=shape)
+            elif is_self and self.current_class.inherits(func.attr):  # type: ignore[union-attr]
                 for base in self.current_class.package_bases:  # type: ignore[union-attr]
                     self.add("member_call", node, base, member=func.attr, call=shape)
             elif not is_self and not isinstance(func.value, ast.Constant):
@@ -252,7 +277,7 @@ class _FileReader(ast.NodeVisitor):
         else:
             ref = self.ref_of(func)
             if ref is not None and not ref.instance:
-                self.add("call", node, ref.qualname, call=shape)
+                self.add("call", node, ref.qualname, via=ref, call=shape)
         self.generic_visit(node)
 
     def _result_use(self, node: ast.AST | None, use: str) -> None:
@@ -273,7 +298,25 @@ class _FileReader(ast.NodeVisitor):
 
     def visit_If(self, node: ast.If) -> None:
         self._result_use(node.test, "test")
-        self.generic_visit(node)
+        self.visit(node.test)
+        if _VERSION_CHECK.search(ast.unparse(node.test)):
+            self.guarded_visit(node.body)
+            self.guarded_visit(node.orelse)
+            return
+        for child in [*node.body, *node.orelse]:
+            self.visit(child)
+
+    def visit_Try(self, node: ast.Try) -> None:
+        caught = {ast.unparse(h.type) if h.type is not None else "" for h in node.handlers}
+        compat = any(not c or any(e in c for e in _COMPAT_ERRORS) for c in caught)
+        for block in (node.body, *[h.body for h in node.handlers]):
+            if compat:
+                self.guarded_visit(block)
+            else:
+                for child in block:
+                    self.visit(child)
+        for child in [*node.orelse, *node.finalbody]:
+            self.visit(child)
 
     def visit_Constant(self, node: ast.Constant) -> None:
         if isinstance(node.value, str) and self.pattern.match(node.value):
