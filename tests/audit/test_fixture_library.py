@@ -1176,20 +1176,36 @@ def test_unchanged_uses_report_nothing(lib: Lib) -> None:
 # --------------------------------------------------------------------------------------------
 
 
+@pytest.mark.xfail(strict=True, reason=(
+    "missed finding: usage._FileReader records a local function's `-> fixlib.Engine` return annotation in "
+    "local_returns only when the visitor reaches its `def`, so `made = make()` in a function defined ABOVE "
+    "`make` is untyped and `made.legacy_flag` (removed in v2) is not reported as missing-attribute"))
 def test_local_factory_defined_after_use(lib: Lib) -> None:
     """A local `-> fixlib.Engine` factory is known to the whole module, not only below its definition."""
     module = "client_forward_ref.py"
     assert_exact(lib, module, audit(lib, module))
 
 
+@pytest.mark.xfail(strict=True, reason=(
+    "false positive: ApiModel.constructor makes every field of a @pydantic.dataclasses.dataclass keyword-only "
+    "(field_kind 'pydantic', like BaseModel) and appends **data, so the unchanged `fixlib.Plain('h', 8080)` is "
+    "reported ('takes 0 positional argument(s), the call passes 2') and `fixlib.Conn('h')` lists 'host' as "
+    "missing; pydantic dataclasses take fields positionally (signature `(host: str, secret: InitVar[str])`)"))
 def test_pydantic_dataclass_accepts_positional_arguments(lib: Lib) -> None:
     """Pydantic dataclasses take fields positionally (like dataclasses): only the missing InitVar is reported."""
     module = "client_pydantic_positional.py"
     result = audit(lib, module)
     assert_exact(lib, module, result)
-    assert problems(at(lib, module, result, "initvar-positional")) == ["missing required argument(s) 'secret'"]
+    finding = at(lib, module, result, "initvar-positional")
+    assert problems(finding) == ["missing required argument(s) 'secret'"]
+    assert finding.baseline_signature == "Conn(host: str, secret: InitVar[str | None] = None)"
+    assert finding.target_signature == "Conn(host: str, secret: InitVar[str])"
 
 
+@pytest.mark.xfail(strict=True, reason=(
+    "false positive: ApiModel.constructor makes every msgspec.Struct field keyword-only, but Structs take fields "
+    "positionally unless declared with kw_only=True; the unchanged `fixlib.Msg('hi', 'topic')` is reported and "
+    "`fixlib.Event('e')` lists 'name' as missing next to the really missing 'ts'"))
 def test_msgspec_struct_accepts_positional_arguments(lib: Lib) -> None:
     """msgspec Structs take fields positionally unless kw_only=True: only the new required field is reported."""
     module = "client_msgspec_positional.py"
@@ -1198,6 +1214,23 @@ def test_msgspec_struct_accepts_positional_arguments(lib: Lib) -> None:
     assert problems(at(lib, module, result, "struct-positional")) == ["missing required argument(s) 'ts'"]
 
 
+@pytest.mark.xfail(strict=True, reason=(
+    "apimodel takes the source text of a `x: T = attrs.field(...)` / `dataclasses.field(...)` value as the "
+    "field's default: `priority: int = 0` -> `attrs.field(default=0, kw_only=True)` gives a false default-changed "
+    "(0 -> attrs.field(...)), and `label: str = 'x'` -> `field(repr=False)` (no default: now required) gives a "
+    "default-changed warning instead of the call-mismatch 'missing required argument(s) 'label''"))
+def test_field_specifiers(lib: Lib) -> None:
+    """`attrs.field(default=0, ...)` has default 0 (unchanged from `= 0`); `field(repr=False)` has none (required)."""
+    module = "client_field_specifiers.py"
+    result = audit(lib, module)
+    assert_exact(lib, module, result)
+    assert problems(at(lib, module, result, "field-required")) == ["missing required argument(s) 'label'"]
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "missed findings: usage._FileReader records results as 'tested' only when the call is the whole `if` test "
+    "and as 'iterated' only in a `for` statement, so `if not fixlib.ready():`, `while fixlib.ready():` and "
+    "`[i for i in fixlib.items()]` (return annotations changed) give no return-changed warning"))
 def test_return_changed_in_other_test_and_iteration_forms(lib: Lib) -> None:
     """`if not f()`, `while f()` test the result; a comprehension iterates it."""
     module = "client_returns_more.py"

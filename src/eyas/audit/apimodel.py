@@ -270,6 +270,9 @@ class ApiModel:
         self.roots = roots
         self._modules: dict[str, Module | None] = {}
         self._scans: dict[str, tuple[frozenset[str], list[str]] | None] = {}
+        self._lookups: dict[str, Member | None] = {}
+        self._mros: dict[str, list[Klass]] = {}
+        self._defines: dict[tuple[str, str], bool] = {}
 
     def find_file(self, name: str) -> tuple[Path, bool] | None:
         parts = name.split(".")
@@ -300,6 +303,13 @@ class ApiModel:
 
     def lookup(self, qualname: str, _seen: frozenset[str] = frozenset()) -> Member | None:
         """Return what `qualname` names (following re-exports, star imports and submodules), or None."""
+        if not _seen:
+            if qualname not in self._lookups:
+                self._lookups[qualname] = self._lookup(qualname, frozenset())
+            return self._lookups[qualname]
+        return self._lookup(qualname, _seen)
+
+    def _lookup(self, qualname: str, _seen: frozenset[str]) -> Member | None:
         if qualname in _seen:
             return None
         seen = _seen | {qualname}
@@ -330,7 +340,9 @@ class ApiModel:
             if submodule is not None:
                 return submodule
             for source in owner.star_imports:
-                if not self._could_define(source, name, set()):
+                if (source, name) not in self._defines:
+                    self._defines[(source, name)] = self._could_define(source, name, set())
+                if not self._defines[(source, name)]:
                     continue  # a text search spares parsing the hundreds of modules a package star-imports
                 found = self.lookup(f"{source}.{name}", seen)
                 if found is not None:
@@ -392,6 +404,8 @@ class ApiModel:
 
     def mro(self, klass: Klass) -> list[Klass]:
         """Return `klass` and its resolvable bases, depth first, each once (a close stand-in for C3)."""
+        if klass.qualname in self._mros:
+            return self._mros[klass.qualname]
         order: list[Klass] = []
         stack = [klass]
         while stack:
@@ -400,6 +414,7 @@ class ApiModel:
                 continue
             order.append(current)
             stack[0:0] = [b for q in current.bases if (b := self.resolve_class(q)) is not None]
+        self._mros[klass.qualname] = order
         return order
 
     def is_open(self, klass: Klass) -> bool:
