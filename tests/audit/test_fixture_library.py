@@ -84,6 +84,14 @@ def ready() -> bool:
 
 def stable() -> list[int]:
     return []
+
+
+def run_job(job):
+    return job
+
+
+def run_job_async(job, *, timeout=None):
+    return job
 ''',
     "fixlib/util.py": '''\
 """Helpers."""
@@ -345,6 +353,10 @@ def ready() -> str | None:
 
 def stable() -> list[int]:
     return []
+
+
+def run_job_async(job, loop, *, timeout=None):
+    return job
 ''',
     "fixlib/util.py": '''\
 """Helpers."""
@@ -809,6 +821,43 @@ def specifiers():
     fixlib.Job("j")
     fixlib.Tagged("t")  # <- field-required
 ''',
+    "client_import_prefix.py": '''\
+"""A failed import hides the uses of that name only, not of names it is a prefix of."""
+import fixlib
+from fixlib import run_job  # <- prefix-import
+
+
+def go():
+    run_job("j")
+    fixlib.run_job_async("j")  # <- prefix-call
+''',
+    "client_guards.py": '''\
+"""Compatibility code for other versions (try/except ImportError, version checks) is not checked."""
+import fixlib
+
+try:
+    from fixlib import gone
+except ImportError:
+    gone = None
+
+if fixlib.__version__ >= "2":
+    fixlib.fetch("u", "s")
+else:
+    fixlib.fetch("u")
+
+
+def after_the_guards():
+    fixlib.load("p", "r")  # <- after-guards
+''',
+    "client_guard_words.py": '''\
+"""An `if` whose test merely contains the letters "version" is no version check."""
+import fixlib
+
+
+def convert(do_conversion):
+    if do_conversion:
+        fixlib.send(b"x", compress=True)  # <- in-conversion
+''',
     "client_returns_more.py": '''\
 """Results of package calls tested or iterated in other statement forms."""
 import fixlib
@@ -919,6 +968,16 @@ EXPECTED: dict[str, list[Expect]] = {
     ],
     "client_field_specifiers.py": [
         Expect("call-mismatch", "fixlib.Tagged", "field-required"),
+    ],
+    "client_import_prefix.py": [
+        Expect("unresolved-import", "fixlib.run_job", "prefix-import"),
+        Expect("call-mismatch", "fixlib.run_job_async", "prefix-call"),
+    ],
+    "client_guards.py": [
+        Expect("call-mismatch", "fixlib.load", "after-guards"),
+    ],
+    "client_guard_words.py": [
+        Expect("call-mismatch", "fixlib.send", "in-conversion"),
     ],
     "client_returns_more.py": [
         W("return-changed", "fixlib.ready", "return-not"),
@@ -1225,6 +1284,24 @@ def test_field_specifiers(lib: Lib) -> None:
     result = audit(lib, module)
     assert_exact(lib, module, result)
     assert problems(at(lib, module, result, "field-required")) == ["missing required argument(s) 'label'"]
+
+
+def test_failed_import_hides_only_its_own_name(lib: Lib) -> None:
+    """`from fixlib import run_job` failing hides `run_job(...)`, not `fixlib.run_job_async(...)`."""
+    module = "client_import_prefix.py"
+    assert_exact(lib, module, audit(lib, module))
+
+
+def test_compatibility_code_is_not_checked(lib: Lib) -> None:
+    """try/except ImportError and `__version__` branches are skipped; code after them is checked."""
+    module = "client_guards.py"
+    assert_exact(lib, module, audit(lib, module))
+
+
+def test_if_test_naming_conversion_is_not_a_version_check(lib: Lib) -> None:
+    """`if do_conversion:` guards nothing: the call under it is checked."""
+    module = "client_guard_words.py"
+    assert_exact(lib, module, audit(lib, module))
 
 
 @pytest.mark.xfail(strict=True, reason=(

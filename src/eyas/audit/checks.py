@@ -7,6 +7,7 @@ that the baseline did not have either, are unknown, not errors.
 from __future__ import annotations
 
 import difflib
+import re
 from dataclasses import asdict, dataclass
 
 from eyas.audit.apimodel import ApiModel, Attribute, Function, Klass, Module
@@ -14,6 +15,7 @@ from eyas.audit.signature import CallShape, Signature, bind_problems
 from eyas.audit.usage import Usage
 
 ERROR, WARNING = "error", "warning"
+_DUTY = re.compile(r"[^.\n]*\b(must (be )?call(ed)?|callers? must|has to be called|needs to be called)\b[^.\n]*", re.IGNORECASE)
 
 
 @dataclass(frozen=True)
@@ -263,6 +265,46 @@ class Checker:
                          f"{param.name} is not passed here and its default changed from {old.default} to {param.default}",
                          f"{name.rsplit('.', 1)[-1]}{before.text()}", f"{name.rsplit('.', 1)[-1]}{now.text()}",
                          f"pass {param.name}={old.default} to keep the old behaviour")
+
+    def _subclass(self, usage: Usage) -> None:
+        """With a baseline: abstract methods the base gained that the client's subclass does not implement."""
+        klass = self.target.resolve_class(usage.target)
+        old = self.baseline.resolve_class(usage.target) if self.baseline else None
+        if klass is None or old is None or self.baseline is None:
+            return
+        for name in sorted(self._abstract(self.target, klass) - self._abstract(self.baseline, old) - set(usage.defines)):
+            method = self.target.member_of(klass, name)
+            self.add(usage, f"{usage.target}.{name}", "protocol-change", WARNING,
+                     f"{usage.target} now declares {name}() abstract; {usage.member} does not implement it "
+                     "(instantiating it raises TypeError)", None, _text(method, name), f"implement {name}() in {usage.member}")
+
+    @staticmethod
+    def _abstract(model: ApiModel, klass: Klass) -> set[str]:
+        """Return the methods left abstract along the MRO (the first definition of each name decides)."""
+        decided: dict[str, bool] = {}
+        for current in model.mro(klass):
+            for name, method in current.methods.items():
+                decided.setdefault(name, any(d.endswith("abstractmethod") for d in method.decorators))
+        return {name for name, abstract in decided.items() if abstract}
+
+    def new_duties(self, usages: list[Usage], classes: set[str]) -> None:
+        """With a baseline: methods new in a class the client uses whose docstring says callers must call them."""
+        if self.baseline is None:
+            return
+        first_use: dict[str, Usage] = {}
+        for usage in usages:
+            if usage.target in classes and not usage.guarded:
+                first_use.setdefault(usage.target, usage)
+        for qualname, usage in sorted(first_use.items()):
+            new, old = self.target.resolve_class(qualname), self.baseline.resolve_class(qualname)
+            if new is None or old is None:
+                continue
+            for name, method in new.methods.items():
+                if self.baseline.member_of(old, name) is None and method.docstring and _DUTY.search(method.docstring):
+                    self.add(usage, f"{qualname}.{name}", "protocol-change", WARNING,
+                             f"{qualname}.{name}() is new, and its docstring says callers must call it: "
+                             f"\"{_DUTY.search(method.docstring).group(0)}\"", None, _text(method, name),  # type: ignore[union-attr]
+                             f"call {name}() where {new.name} is used")
 
     def untyped(self, usages: list[Usage], classes: set[str]) -> None:
         """Warn about methods called on receivers of unknown type that the package's classes the client

@@ -14,7 +14,7 @@ from eyas.audit.usage import read_usages
 from eyas.errors import EyasError
 
 KINDS = ("unresolved-import", "missing-attribute", "call-mismatch", "dead-override", "override-mismatch", "dead-binding",
-         "bind-mismatch", "default-changed", "return-changed", "method-removed", "unparsable")
+         "bind-mismatch", "default-changed", "return-changed", "method-removed", "protocol-change", "unparsable")
 
 
 @dataclass
@@ -44,7 +44,9 @@ def run_audit(paths: list[Path], against: str, baseline: str | None = None, sele
     for usage in usages:
         if usage.kind != "untyped_call":
             checker.check(usage)
-    checker.untyped([u for u in usages if u.kind == "untyped_call"], package_classes(usages, before or target))
+    classes = package_classes(usages, before or target)
+    checker.untyped([u for u in usages if u.kind == "untyped_call" and not u.guarded], classes)
+    checker.new_duties(usages, classes)
     findings = checker.findings + [Finding(str(path), line, 1, str(path), "unparsable", WARNING,
                                            f"not parsed ({message}); its uses were not checked")
                                    for path, line, message in unparsable]

@@ -24,7 +24,7 @@ from eyas.audit.signature import CallShape, Signature, signature_of
 _VERSION_CHECK = re.compile(r"version|VERSION|is_\w+_available|hasattr\(")
 _COMPAT_ERRORS = ("ImportError", "ModuleNotFoundError", "AttributeError", "Exception")
 UsageKind = Literal["import", "attribute", "call", "member", "member_call", "override", "bind", "string", "result",
-                    "untyped_call"]
+                    "untyped_call", "subclass"]
 
 
 @dataclass(frozen=True)
@@ -39,6 +39,7 @@ class Usage:
     signature: Signature | None = None  # of an override or bound function (without self)
     use: str | None = None  # result: index / iterate / test
     guarded: bool = False  # under a version check or a try/except ImportError: compatibility code
+    defines: tuple[str, ...] = ()  # subclass: the methods the client class defines
 
 
 @dataclass(frozen=True)
@@ -184,6 +185,7 @@ class _FileReader(ast.NodeVisitor):
                             if ref is not None and ref.instance:
                                 client.self_attributes[target.attr] = ref
         for base in bases:
+            self.add("subclass", node, base, member=node.name, defines=tuple(sorted(defined)))
             for item in node.body:
                 if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)) and not (
                         item.name.startswith("__") and item.name != "__init__"):
