@@ -1236,25 +1236,16 @@ def test_unchanged_uses_report_nothing(lib: Lib) -> None:
 
 
 # --------------------------------------------------------------------------------------------
-# Specific gaps, each in its own client module
+# Further cases, each in its own client module
 # --------------------------------------------------------------------------------------------
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "missed finding: usage._FileReader records a local function's `-> fixlib.Engine` return annotation in "
-    "local_returns only when the visitor reaches its `def`, so `made = make()` in a function defined ABOVE "
-    "`make` is untyped and `made.legacy_flag` (removed in v2) is not reported as missing-attribute"))
 def test_local_factory_defined_after_use(lib: Lib) -> None:
     """A local `-> fixlib.Engine` factory is known to the whole module, not only below its definition."""
     module = "client_forward_ref.py"
     assert_exact(lib, module, audit(lib, module))
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "false positive: ApiModel.constructor makes every field of a @pydantic.dataclasses.dataclass keyword-only "
-    "(field_kind 'pydantic', like BaseModel) and appends **data, so the unchanged `fixlib.Plain('h', 8080)` is "
-    "reported ('takes 0 positional argument(s), the call passes 2') and `fixlib.Conn('h')` lists 'host' as "
-    "missing; pydantic dataclasses take fields positionally (signature `(host: str, secret: InitVar[str])`)"))
 def test_pydantic_dataclass_accepts_positional_arguments(lib: Lib) -> None:
     """Pydantic dataclasses take fields positionally (like dataclasses): only the missing InitVar is reported."""
     module = "client_pydantic_positional.py"
@@ -1266,10 +1257,6 @@ def test_pydantic_dataclass_accepts_positional_arguments(lib: Lib) -> None:
     assert finding.target_signature == "Conn(host: str, secret: InitVar[str])"
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "false positive: ApiModel.constructor makes every msgspec.Struct field keyword-only, but Structs take fields "
-    "positionally unless declared with kw_only=True; the unchanged `fixlib.Msg('hi', 'topic')` is reported and "
-    "`fixlib.Event('e')` lists 'name' as missing next to the really missing 'ts'"))
 def test_msgspec_struct_accepts_positional_arguments(lib: Lib) -> None:
     """msgspec Structs take fields positionally unless kw_only=True: only the new required field is reported."""
     module = "client_msgspec_positional.py"
@@ -1278,11 +1265,6 @@ def test_msgspec_struct_accepts_positional_arguments(lib: Lib) -> None:
     assert problems(at(lib, module, result, "struct-positional")) == ["missing required argument(s) 'ts'"]
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "apimodel takes the source text of a `x: T = attrs.field(...)` / `dataclasses.field(...)` value as the "
-    "field's default: `priority: int = 0` -> `attrs.field(default=0, kw_only=True)` gives a false default-changed "
-    "(0 -> attrs.field(...)), and `label: str = 'x'` -> `field(repr=False)` (no default: now required) gives a "
-    "default-changed warning instead of the call-mismatch 'missing required argument(s) 'label''"))
 def test_field_specifiers(lib: Lib) -> None:
     """`attrs.field(default=0, ...)` has default 0 (unchanged from `= 0`); `field(repr=False)` has none (required)."""
     module = "client_field_specifiers.py"
@@ -1291,10 +1273,6 @@ def test_field_specifiers(lib: Lib) -> None:
     assert problems(at(lib, module, result, "field-required")) == ["missing required argument(s) 'label'"]
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "missed finding: Checker.check skips every use whose target merely startswith() a failed import's qualname, "
-    "so after `from fixlib import run_job` fails, `fixlib.run_job_async('j')` (which lost nothing but gained the "
-    "required `loop`) is silently skipped; the test needs `target == failed or target.startswith(failed + '.')`"))
 def test_failed_import_hides_only_its_own_name(lib: Lib) -> None:
     """`from fixlib import run_job` failing hides `run_job(...)`, not `fixlib.run_job_async(...)`."""
     module = "client_import_prefix.py"
@@ -1307,20 +1285,12 @@ def test_compatibility_code_is_not_checked(lib: Lib) -> None:
     assert_exact(lib, module, audit(lib, module))
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "missed finding: usage._VERSION_CHECK (r'version|VERSION|...') is searched in the unparsed `if` test without "
-    "word boundaries, so `if do_conversion:` counts as a version check and the call-mismatch "
-    "`fixlib.send(b'x', compress=True)` in its body is never checked"))
 def test_if_test_naming_conversion_is_not_a_version_check(lib: Lib) -> None:
     """`if do_conversion:` guards nothing: the call under it is checked."""
     module = "client_guard_words.py"
     assert_exact(lib, module, audit(lib, module))
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "missed findings: usage._FileReader records results as 'tested' only when the call is the whole `if` test "
-    "and as 'iterated' only in a `for` statement, so `if not fixlib.ready():`, `while fixlib.ready():` and "
-    "`[i for i in fixlib.items()]` (return annotations changed) give no return-changed warning"))
 def test_return_changed_in_other_test_and_iteration_forms(lib: Lib) -> None:
     """`if not f()`, `while f()` test the result; a comprehension iterates it."""
     module = "client_returns_more.py"

@@ -121,6 +121,27 @@ def _absolute(module: str, is_package: bool, level: int, name: str | None) -> st
     return ".".join([*base, name] if name else base)
 
 
+_FIELD_SPECIFIERS = ("field", "Field", "attrib", "ib")
+
+
+def _field_default(value: ast.expr | None) -> str | None:
+    """Return the default of a class-level field as source text (None: required). A field specifier
+    (`field(default=...)`, `attrs.field(factory=...)`, `pydantic.Field(0)`) gives its default argument,
+    `<factory>` for a factory, or None when it has neither (or `Field(...)`)."""
+    if value is None:
+        return None
+    if isinstance(value, ast.Call) and (_dotted(value.func) or "").split(".")[-1] in _FIELD_SPECIFIERS:
+        keywords = {k.arg: k.value for k in value.keywords if k.arg}
+        if "default" in keywords:
+            return ast.unparse(keywords["default"])
+        if "default_factory" in keywords or "factory" in keywords:
+            return "<factory>"
+        if value.args and not (isinstance(value.args[0], ast.Constant) and value.args[0].value is Ellipsis):
+            return ast.unparse(value.args[0])  # pydantic.Field(default)
+        return None
+    return ast.unparse(value)
+
+
 class _ModuleReader:
     """Turns one module's AST into a `Module`."""
 
@@ -225,6 +246,8 @@ class _ModuleReader:
         for keyword in node.keywords:  # class Model(BaseModel, extra="forbid") / msgspec kw_only=True
             if keyword.arg == "extra" and ast.unparse(keyword.value).strip("'\"") == "forbid":
                 klass.forbids_extra = True
+            if keyword.arg == "kw_only" and ast.unparse(keyword.value) == "True":
+                klass.decorator_sources.append("kw_only=True")
         for item in node.body:
             if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 function = self._function(item, f"{qualname}.{item.name}")
@@ -235,8 +258,8 @@ class _ModuleReader:
             elif isinstance(item, ast.AnnAssign) and isinstance(item.target, ast.Name):
                 name = item.target.id
                 annotation = ast.unparse(item.annotation)
-                default = ast.unparse(item.value) if item.value is not None else None
-                klass.attributes[name] = Attribute(name, item.lineno, annotation, default, item.value is not None)
+                default = _field_default(item.value)
+                klass.attributes[name] = Attribute(name, item.lineno, annotation, default, default is not None)
                 if "ClassVar" not in annotation:
                     klass.field_order.append(name)
                 if isinstance(item.value, ast.Call):
@@ -398,6 +421,14 @@ class ApiModel:
                 self._scans[module] = (frozenset(_WORD.findall(text)), sources)
         return self._scans[module]
 
+    def find_parsed(self, name: str, package: str) -> str | None:
+        """Return where an already-parsed module of `package` defines `name` (a moved definition), or None."""
+        for module in self._modules.values():
+            if module is not None and module.name.split(".")[0] == package and isinstance(
+                    module.members.get(name), (Klass, Function)):
+                return f"{module.name}.{name}"
+        return None
+
     def resolve_class(self, qualname: str) -> Klass | None:
         found = self.lookup(qualname)
         return found if isinstance(found, Klass) else None
@@ -433,7 +464,7 @@ class ApiModel:
         for current in self.mro(klass):
             if any(d.split("(")[0] in DATACLASS_DECORATORS or d.endswith((".dataclass", ".define", ".frozen"))
                    for d in current.decorators):
-                return "pydantic" if any("pydantic" in d for d in current.decorators) else "dataclass"
+                return "dataclass"  # pydantic dataclasses bind as standard dataclasses do
             for base in current.bases:
                 if base in FIELD_BASES or base.endswith(("BaseModel", "msgspec.Struct", "NamedTuple")):
                     return FIELD_BASES.get(base) or ("pydantic" if base.endswith("BaseModel") else
@@ -459,7 +490,7 @@ class ApiModel:
                     continue
                 attribute = current.attributes[name]
                 default = attribute.default if attribute.has_value else None
-                keyword_only = kind in ("pydantic", "msgspec") or all_keyword or name in current.kw_only_fields
+                keyword_only = kind == "pydantic" or all_keyword or name in current.kw_only_fields
                 params.pop(name, None)
                 params[name] = Param(name, "kwonly" if keyword_only else "pos", default, attribute.annotation)
         extra = (kind == "pydantic" and not any(k.forbids_extra for k in self.mro(klass))

@@ -45,9 +45,14 @@ def _text(member: object, name: str) -> str | None:
     return None
 
 
+def _within(qualname: str, prefix: str) -> bool:
+    """True when `qualname` is `prefix` or a member of it (not merely a longer name starting the same)."""
+    return qualname == prefix or qualname.startswith(prefix + ".")
+
+
 def likely_replacement(name: str, candidates: list[str]) -> str | None:
     """Return the candidate most likely to have replaced `name`: a close spelling, or one containing it."""
-    close = difflib.get_close_matches(name, candidates, n=1)
+    close = difflib.get_close_matches(name, candidates, n=1, cutoff=0.61)
     if close:
         return close[0]
     containing = sorted((c for c in candidates if name.strip("_") and name.strip("_") in c), key=len)
@@ -80,7 +85,7 @@ class Checker:
 
     def _missing(self, usage: Usage, qualname: str, kind: str) -> None:
         """Report `qualname` missing in the target, once per line for a chain (`a.b` missing hides `a.b.c`)."""
-        if any(qualname.startswith(done) for (path, line, done) in self._failed if (path, line) == (usage.path, usage.line)):
+        if any(_within(qualname, done) for (path, line, done) in self._failed if (path, line) == (usage.path, usage.line)):
             return
         in_baseline = self.baseline.lookup(qualname) if self.baseline else None
         if self._hidden_by_lazy_module(self.target, qualname) and in_baseline is None:
@@ -92,6 +97,8 @@ class Checker:
         if isinstance(parent, Module):
             close = likely_replacement(leaf, list(parent.members))
             fix = f"did you mean {parent.name}.{close}?" if close else None
+        if fix is None and (moved := self.target.find_parsed(leaf, qualname.split(".")[0])) is not None:
+            fix = f"now at {moved}?"
         what = "cannot be imported" if kind == "unresolved-import" else "does not exist"
         self.add(usage, qualname, kind, ERROR, f"{qualname} {what} in the target version",
                  _text(in_baseline, leaf), None, fix)
@@ -102,7 +109,7 @@ class Checker:
         if usage.guarded:
             return
         if usage.kind in ("attribute", "call", "member", "member_call") and any(
-                usage.path == path and usage.target.startswith(failed) for path, failed in self._failed_imports):
+                usage.path == path and _within(usage.target, failed) for path, failed in self._failed_imports):
             return  # the failed import is the finding
         handler = getattr(self, f"_{usage.kind}")
         handler(usage)

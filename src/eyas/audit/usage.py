@@ -21,8 +21,9 @@ from typing import Literal
 
 from eyas.audit.signature import CallShape, Signature, signature_of
 
-_VERSION_CHECK = re.compile(r"version|VERSION|is_\w+_available|hasattr\(")
-_COMPAT_ERRORS = ("ImportError", "ModuleNotFoundError", "AttributeError", "Exception")
+_VERSION_CHECK = re.compile(r"__version__|\bversion\b|\bversion_info\b|\bVERSION\b|\bparse_version\b|"
+                            r"\bis_\w+_available\b|\bhasattr\(")
+_COMPAT_ERRORS = ("ImportError", "ModuleNotFoundError", "AttributeError")
 UsageKind = Literal["import", "attribute", "call", "member", "member_call", "override", "bind", "string", "result",
                     "untyped_call", "subclass"]
 
@@ -82,9 +83,12 @@ class _FileReader(ast.NodeVisitor):
         self.current_class: _ClientClass | None = None
         self.local_returns: dict[str, Ref] = {}
         self.guard_depth = 0
+        self.recording = True
         self.pattern = re.compile(rf"^({'|'.join(map(re.escape, sorted(packages)))})(\.[A-Za-z_]\w*)+$")
 
     def add(self, kind: UsageKind, node: ast.AST, target: str, via: Ref | None = None, **extra: object) -> None:
+        if not self.recording:
+            return
         guarded = self.guard_depth > 0 or (via is not None and via.guarded)
         self.usages.append(Usage(kind, self.path, getattr(node, "lineno", 0), getattr(node, "col_offset", 0) + 1,
                                  target, guarded=guarded, **extra))  # type: ignore[arg-type]
@@ -298,8 +302,26 @@ class _FileReader(ast.NodeVisitor):
         self._result_use(node.iter, "iterate")
         self.generic_visit(node)
 
+    def _test_use(self, test: ast.AST) -> None:
+        """Record call results tested by `if`/`while` conditions (through `not`, `and`, `or`)."""
+        if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
+            self._test_use(test.operand)
+        elif isinstance(test, ast.BoolOp):
+            for value in test.values:
+                self._test_use(value)
+        else:
+            self._result_use(test, "test")
+
+    def visit_While(self, node: ast.While) -> None:
+        self._test_use(node.test)
+        self.generic_visit(node)
+
+    def visit_comprehension(self, node: ast.comprehension) -> None:
+        self._result_use(node.iter, "iterate")
+        self.generic_visit(node)
+
     def visit_If(self, node: ast.If) -> None:
-        self._result_use(node.test, "test")
+        self._test_use(node.test)
         self.visit(node.test)
         if _VERSION_CHECK.search(ast.unparse(node.test)):
             self.guarded_visit(node.body)
@@ -325,7 +347,17 @@ class _FileReader(ast.NodeVisitor):
             self.add("string", node, node.value)
 
     def read(self, tree: ast.Module) -> list[Usage]:
+        """Return the file's usages. A silent first pass binds the imports and the return types of the
+        module's functions, so a factory defined below its callers is known to them."""
         self.tree = tree
+        self.recording = False
+        for node in tree.body:
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                self.visit(node)
+        for node in tree.body:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and (ref := self.annotation_ref(node.returns)):
+                self.local_returns[node.name] = ref
+        self.module_scope, self.recording = {}, True
         self.visit(tree)
         return self.usages
 
