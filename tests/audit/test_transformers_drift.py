@@ -99,3 +99,5 @@ def test_peft_0_17_1_against_transformers_5(cache: Path, tmp_path: Path, monkeyp
         ("missing-attribute", "transformers.EncoderDecoderCache.from_legacy_cache", "peft_model.py"),
     }
     assert result.summary["files"] > 150
+    alone = run_audit([tmp_path / "peft-src" / "peft"], TARGET)  # no baseline: the same errors, no more
+    assert {(f.kind, f.symbol, Path(f.path).name) for f in alone.findings} == got

@@ -203,7 +203,7 @@ class Checker:
         if upstream is None:
             self.add(usage, name, "dead-binding", ERROR, f"binds a function onto {name}, which no longer exists "
                      "upstream: nothing calls it", _text(self._baseline_member(usage, name), usage.member))  # type: ignore[arg-type]
-        elif isinstance(upstream, Function) and usage.signature is not None:
+        elif isinstance(upstream, Function) and usage.signature is not None and not upstream.signature.passes_through:
             problems = bind_problems(usage.signature, _shape_of(upstream.signature.without_first()))
             if problems:
                 self.add(usage, name, "bind-mismatch", ERROR, f"the function bound onto {name} does not accept how "
@@ -224,7 +224,8 @@ class Checker:
                          "the framework will not call it", _text(before, usage.member), None,  # type: ignore[arg-type]
                          f"override {close} instead?" if close else None)
             return
-        if not isinstance(upstream, Function) or upstream.is_property or usage.signature is None:
+        if not isinstance(upstream, Function) or upstream.is_property or usage.signature is None \
+                or upstream.signature.passes_through:  # `(*args, **kwargs)` says nothing of how it is called
             return
         shape = _shape_of(upstream.signature.without_first())
         problems = bind_problems(usage.signature, shape)
