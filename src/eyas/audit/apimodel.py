@@ -16,9 +16,12 @@ import ast
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Union
+from typing import TYPE_CHECKING, Union
 
 from eyas.audit.signature import Param, Signature, signature_of
+
+if TYPE_CHECKING:
+    from eyas.audit.modelcache import ModuleCache
 
 DATACLASS_DECORATORS = {"dataclass", "dataclasses.dataclass", "pydantic.dataclasses.dataclass", "attr.s", "attr.attrs",
                         "attrs.define", "attrs.frozen", "attrs.mutable", "attr.define", "attr.frozen", "define", "frozen"}
@@ -289,8 +292,8 @@ class _ModuleReader:
 class ApiModel:
     """The API of the packages under `roots` (directories holding top-level packages or modules)."""
 
-    def __init__(self, roots: list[Path]) -> None:
-        self.roots = roots
+    def __init__(self, roots: list[Path], cache: ModuleCache | None = None) -> None:
+        self.roots, self.cache = roots, cache
         self._modules: dict[str, Module | None] = {}
         self._scans: dict[str, tuple[frozenset[str], list[str]] | None] = {}
         self._lookups: dict[str, Member | None] = {}
@@ -320,8 +323,13 @@ class ApiModel:
                 if path.is_dir():
                     self._modules[name] = Module(name, path, True)
                 else:
-                    tree = ast.parse(path.read_text(encoding="utf-8", errors="replace"), filename=str(path))
-                    self._modules[name] = _ModuleReader(name, path, is_package).read(tree)
+                    cached = self.cache.load(path) if self.cache else None
+                    if cached is None:
+                        tree = ast.parse(path.read_text(encoding="utf-8", errors="replace"), filename=str(path))
+                        cached = _ModuleReader(name, path, is_package).read(tree)
+                        if self.cache:
+                            self.cache.save(cached)
+                    self._modules[name] = cached
         return self._modules[name]
 
     def lookup(self, qualname: str, _seen: frozenset[str] = frozenset()) -> Member | None:

@@ -9,7 +9,8 @@ from typing import Any
 
 from eyas.audit.apimodel import ApiModel
 from eyas.audit.checks import ERROR, WARNING, Checker, Finding, package_classes
-from eyas.audit.spec import resolve_spec
+from eyas.audit.modelcache import ModuleCache
+from eyas.audit.spec import cache_dir, resolve_spec
 from eyas.audit.usage import read_usages
 from eyas.errors import EyasError
 
@@ -37,8 +38,9 @@ def run_audit(paths: list[Path], against: str, baseline: str | None = None, sele
         raise EyasError(f"--select: unknown kind(s) {', '.join(sorted(unknown))}; kinds: {', '.join(KINDS)}")
     target_source = resolve_spec(against)
     baseline_source = resolve_spec(baseline) if baseline else None
-    target = ApiModel(list(target_source.roots))
-    before = ApiModel(list(baseline_source.roots)) if baseline_source else None
+    cache = ModuleCache(cache_dir() / "api")
+    target = ApiModel(list(target_source.roots), cache)
+    before = ApiModel(list(baseline_source.roots), cache) if baseline_source else None
     usages, files, unparsable = read_usages(paths, set(target_source.packages))
     checker = Checker(target, before)
     for usage in usages:
