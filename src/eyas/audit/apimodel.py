@@ -375,6 +375,9 @@ class ApiModel:
                     self._defines[(source, name)] = self._could_define(source, name, set())
                 if not self._defines[(source, name)]:
                     continue  # a text search spares parsing the hundreds of modules a package star-imports
+                exporting = self.module(source)
+                if exporting is not None and exporting.all is not None and name not in exporting.all:
+                    continue  # `from m import *` takes only what m's __all__ lists
                 found = self.lookup(f"{source}.{name}", seen)
                 if found is not None:
                     return found
