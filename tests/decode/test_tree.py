@@ -106,7 +106,7 @@ def test_select_nodes_breaks_ties_toward_the_shallower_node() -> None:
 def test_select_nodes_refuses_a_child_kept_without_its_parent() -> None:
     """Scores that are not cumulative (a child above its parent) are caught, not silently kept."""
     parents = torch.tensor([-1, 0])
-    with pytest.raises(AssertionError, match="without its parent"):
+    with pytest.raises(RuntimeError, match="without its parent"):
         select_nodes(parents, torch.tensor([-2.0, -1.0]), torch.tensor([1, 2]), 1)
 
 

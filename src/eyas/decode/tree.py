@@ -62,7 +62,7 @@ def select_nodes(parents: torch.Tensor, scores: torch.Tensor, depths: torch.Tens
     for i in order:
         parent = int(parents[i])
         if parent >= 0 and parent not in kept:
-            raise AssertionError(f"draft tree: node {i} kept without its parent {parent}")
+            raise RuntimeError(f"draft tree: node {i} kept without its parent {parent}")
     return torch.tensor(sorted(order, key=lambda i: (int(depths[i]), i)), dtype=torch.long)
 
 
