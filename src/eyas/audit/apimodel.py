@@ -25,7 +25,6 @@ if TYPE_CHECKING:
 
 DATACLASS_DECORATORS = {"dataclass", "dataclasses.dataclass", "pydantic.dataclasses.dataclass", "attr.s", "attr.attrs",
                         "attrs.define", "attrs.frozen", "attrs.mutable", "attr.define", "attr.frozen", "define", "frozen"}
-_WORD = re.compile(r"[A-Za-z_]\w*")
 _STAR_IMPORT = re.compile(r"^\s*from\s+(\.*)([\w.]*)\s+import\s+\*", re.MULTILINE)
 FIELD_BASES = {"pydantic.BaseModel": "pydantic", "pydantic.main.BaseModel": "pydantic", "msgspec.Struct": "msgspec",
                "typing.NamedTuple": "namedtuple", "NamedTuple": "namedtuple"}
@@ -295,7 +294,7 @@ class ApiModel:
     def __init__(self, roots: list[Path], cache: ModuleCache | None = None) -> None:
         self.roots, self.cache = roots, cache
         self._modules: dict[str, Module | None] = {}
-        self._scans: dict[str, tuple[frozenset[str], list[str]] | None] = {}
+        self._scans: dict[str, tuple[str, list[str]] | None] = {}
         self._lookups: dict[str, Member | None] = {}
         self._mros: dict[str, list[Klass]] = {}
         self._defines: dict[tuple[str, str], bool] = {}
@@ -405,18 +404,19 @@ class ApiModel:
         return first
 
     def _could_define(self, module: str, name: str, visited: set[str]) -> bool:
-        """Return False when the source of `module` (and of what it star-imports) never mentions `name`."""
+        """Return False when the source of `module` (and of what it star-imports) never contains `name`
+        (a substring test: a false hit only costs a parse)."""
         if module in visited:
             return False
         visited.add(module)
         scanned = self._scan(module)
         if scanned is None:
             return self.find_file(module) is not None
-        words, star_sources = scanned
-        return name in words or any(self._could_define(source, name, visited) for source in star_sources)
+        text, star_sources = scanned
+        return name in text or any(self._could_define(source, name, visited) for source in star_sources)
 
-    def _scan(self, module: str) -> tuple[frozenset[str], list[str]] | None:
-        """Return the identifiers a module's source mentions and the modules it star-imports (read once, not parsed)."""
+    def _scan(self, module: str) -> tuple[str, list[str]] | None:
+        """Return a module's source text and the modules it star-imports (read once, not parsed)."""
         if module not in self._scans:
             found = self.find_file(module)
             if found is None or found[0].is_dir():
@@ -429,7 +429,7 @@ class ApiModel:
                     parts = package.split(".")
                     base = parts[: len(parts) - (len(dots) - 1)] if dots else []
                     sources.append(".".join([*base, rest] if rest else base) if dots else rest)
-                self._scans[module] = (frozenset(_WORD.findall(text)), sources)
+                self._scans[module] = (text, sources)
         return self._scans[module]
 
     def find_parsed(self, name: str, package: str) -> str | None:
