@@ -49,6 +49,7 @@ class Function:
     returns: str | None
     decorators: list[str]
     docstring: str | None = None
+    returns_class: str | None = None  # the qualified name the return annotation names (Optional/quotes removed)
 
     @property
     def is_property(self) -> bool:
@@ -124,6 +125,21 @@ def _absolute(module: str, is_package: bool, level: int, name: str | None) -> st
 
 
 _FIELD_SPECIFIERS = ("field", "Field", "attrib", "ib")
+
+
+def _annotated_type(annotation: ast.expr | None) -> ast.expr | None:
+    """Return the type an annotation names: unquoted, without `Optional[...]` or `| None`."""
+    if isinstance(annotation, ast.Constant) and isinstance(annotation.value, str):
+        try:
+            annotation = ast.parse(annotation.value, mode="eval").body
+        except SyntaxError:
+            return None
+    if isinstance(annotation, ast.Subscript) and (_dotted(annotation.value) or "").endswith("Optional"):
+        return _annotated_type(annotation.slice)
+    if isinstance(annotation, ast.BinOp) and isinstance(annotation.op, ast.BitOr):
+        side = annotation.right if isinstance(annotation.left, ast.Constant) else annotation.left
+        return _annotated_type(side)
+    return annotation if isinstance(annotation, (ast.Name, ast.Attribute)) else None
 
 
 def _field_default(value: ast.expr | None) -> str | None:
@@ -237,7 +253,8 @@ class _ModuleReader:
     def _function(self, node: ast.FunctionDef | ast.AsyncFunctionDef, qualname: str) -> Function:
         decorators = [self.qualify(_dotted(d)) or ast.unparse(d) for d in node.decorator_list]
         return Function(node.name, qualname, node.lineno, signature_of(node.args),
-                        ast.unparse(node.returns) if node.returns else None, decorators, ast.get_docstring(node))
+                        ast.unparse(node.returns) if node.returns else None, decorators, ast.get_docstring(node),
+                        self.qualify(_dotted(_annotated_type(node.returns))) if node.returns else None)
 
     def _class(self, node: ast.ClassDef) -> Klass:
         qualname = f"{self.module.name}.{node.name}"
@@ -443,6 +460,27 @@ class ApiModel:
     def resolve_class(self, qualname: str) -> Klass | None:
         found = self.lookup(qualname)
         return found if isinstance(found, Klass) else None
+
+    def instance_class(self, qualname: str) -> Klass | None:
+        """Return the class of the objects `qualname` gives when called: the class itself, or the class a
+        function's (or method's) return annotation names."""
+        found = self.lookup(qualname)
+        if found is None and "." in qualname:  # a method of an instance: `make().clone`
+            owner, _, name = qualname.rpartition(".")
+            owner_class = self.instance_class(owner)
+            found = self.member_of(owner_class, name) if owner_class is not None else None
+        if isinstance(found, Klass):
+            return found
+        if isinstance(found, Function) and found.returns_class:
+            if "." in found.returns_class:
+                return self.resolve_class(found.returns_class)
+            scope = found.qualname  # a bare name: defined later in the function's module (or its class)
+            while "." in scope:
+                scope = scope.rsplit(".", 1)[0]
+                klass = self.resolve_class(f"{scope}.{found.returns_class}")
+                if klass is not None:
+                    return klass
+        return None
 
     def mro(self, klass: Klass) -> list[Klass]:
         """Return `klass` and its resolvable bases, depth first, each once (a close stand-in for C3)."""

@@ -143,7 +143,7 @@ class Checker:
         if self.baseline is None:
             return None
         if usage.member is not None:
-            klass = self.baseline.resolve_class(usage.target)
+            klass = self.baseline.instance_class(usage.target)
             return self.baseline.concrete_member(klass, usage.member) if klass else None
         return self.baseline.lookup(name)
 
@@ -168,22 +168,26 @@ class Checker:
             owner = self.target.lookup(usage.target.rsplit(".", 1)[0])
             self._binding(usage, found, usage.target, skip_self=isinstance(owner, Klass) and found.is_classmethod)
 
+    def _owner(self, usage: Usage, klass: Klass) -> str:
+        """Return how findings name the class of an instance: as the client reached it when that is the class."""
+        return usage.target if self.target.resolve_class(usage.target) is not None else klass.qualname
+
     def _member_call(self, usage: Usage) -> None:
-        klass = self.target.resolve_class(usage.target)
+        klass = self.target.instance_class(usage.target)
         if klass is None:
             return
         member = self.target.concrete_member(klass, usage.member)  # type: ignore[arg-type]
         if member is None:
             self._member(usage)
         else:
-            self._binding(usage, member, f"{usage.target}.{usage.member}", skip_self=True)
+            self._binding(usage, member, f"{self._owner(usage, klass)}.{usage.member}", skip_self=True)
 
     def _member(self, usage: Usage) -> None:
-        klass = self.target.resolve_class(usage.target)
+        klass = self.target.instance_class(usage.target)
         if klass is None or self.target.is_open(klass):
             return
         if self.target.member_of(klass, usage.member) is None:  # type: ignore[arg-type]
-            name = f"{usage.target}.{usage.member}"
+            name = f"{self._owner(usage, klass)}.{usage.member}"
             if (usage.path, usage.line, name) in self._failed:
                 return
             self._failed.add((usage.path, usage.line, name))
@@ -195,7 +199,7 @@ class Checker:
 
     def _bind(self, usage: Usage) -> None:
         """A function assigned onto a package object: the member must exist and accept how it is called."""
-        klass = self.target.resolve_class(usage.target)
+        klass = self.target.instance_class(usage.target)
         if klass is None or self.target.is_open(klass):
             return
         upstream = self.target.member_of(klass, usage.member)  # type: ignore[arg-type]
@@ -250,7 +254,7 @@ class Checker:
     def _resolve_callable(model: ApiModel, usage: Usage) -> object:
         if usage.member is None:
             return model.lookup(usage.target)
-        klass = model.resolve_class(usage.target)
+        klass = model.instance_class(usage.target)
         return model.member_of(klass, usage.member) if klass else None
 
     def _defaults_changed(self, usage: Usage, member: Function, name: str, skip_self: bool) -> None:

@@ -131,7 +131,9 @@ class _FileReader(ast.NodeVisitor):
         if isinstance(node, ast.Call):
             func = self.ref_of(node.func)
             if func is not None and not func.instance:
-                return Ref(func.qualname, instance=True, guarded=func.guarded)  # a class call gives an instance
+                return Ref(func.qualname, instance=True, guarded=func.guarded)  # what calling it gives (class or return)
+            if isinstance(node.func, ast.Attribute) and (owner := self.ref_of(node.func.value)) is not None and owner.instance:
+                return Ref(f"{owner.qualname}.{node.func.attr}", instance=True, guarded=owner.guarded)  # a method's result
             if isinstance(node.func, ast.Name) and node.func.id in self.local_returns:
                 return self.local_returns[node.func.id]
         return None
