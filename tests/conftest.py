@@ -11,8 +11,12 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
+
+if TYPE_CHECKING:
+    import torch
 
 from eyas.testing.learned import build_learned_pair
 from eyas.testing.tiny import STYLES, build_tiny_target
