@@ -213,6 +213,34 @@ def plot(
         print(path)
 
 
+@app.command()
+def regenerate(
+    target: TargetOption = None,
+    prompts: Annotated[Optional[Path], typer.Option(help="JSONL of prompts, or a dataset dir (its prompts-*.jsonl).")] = None,
+    out: Annotated[Optional[Path], typer.Option(help="Directory for conversations.jsonl.")] = None,
+    max_new_tokens: Annotated[Optional[int], typer.Option(help="Answer length at most (default 512).")] = None,
+    temperature: Annotated[Optional[float], typer.Option(help="Sampling temperature (default 0.7; 0: greedy).")] = None,
+    token_budget: Annotated[Optional[int], typer.Option(help="Tokens per batch, prompts + answers.")] = None,
+    limit: Annotated[Optional[int], typer.Option(help="Only the first N prompts.")] = None,
+    skip_invalid: Annotated[Optional[bool], typer.Option("--skip-invalid", help="List bad records instead of stopping.")] = None,
+    device: DeviceOption = None,
+    overwrite: Annotated[Optional[bool], typer.Option("--overwrite", help="Replace another output in --out.")] = None,
+    config: ConfigOption = None,
+    overrides: Overrides = None,
+) -> None:
+    """Have the target answer prompts (on-policy data), writing conversations for `eyas prepare`."""
+    from eyas.config import RegenerateConfig, load_stage_config
+    from eyas.data.regenerate import run_regenerate
+
+    flags = {"target": target, "prompts": prompts, "out": out, "max_new_tokens": max_new_tokens, "temperature": temperature,
+             "token_budget": token_budget, "limit": limit, "skip_invalid": skip_invalid, "device": device,
+             "overwrite": overwrite}
+    result = run_regenerate(load_stage_config(RegenerateConfig, "regenerate", config, flags, overrides))
+    print(f"eyas regenerate -> {result.out / 'conversations.jsonl'}: {result.prompts} prompts answered"
+          + (" (already done; reused)" if result.reused else f", {result.new_tokens:,} new tokens")
+          + (f"; {result.rejected} bad record(s) listed in rejected.jsonl" if result.rejected else ""))
+
+
 @app.command("eval")
 def eval_(
     target: Annotated[Optional[Path], typer.Option(help="Target model dir or GGUF the draft was trained for.")] = None,

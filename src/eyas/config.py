@@ -111,6 +111,25 @@ class TrainConfig(StageConfig):
 
 
 
+
+class RegenerateConfig(StageConfig):
+    """`eyas regenerate`: prompts -> the target's own answers, as conversations for `eyas prepare`."""
+
+    target: Path = Field(description="local model dir or GGUF file that answers")
+    prompts: Path = Field(description='JSONL of {"prompt": ...} / {"messages": [...]}, or a dataset dir (its prompts-*.jsonl)')
+    out: Path = Field(description="directory for conversations.jsonl")
+    max_new_tokens: PositiveInt = Field(512, description="answer length at most, in tokens")
+    temperature: float = Field(0.7, ge=0, description="0: greedy")
+    top_p: float = Field(0.95, gt=0, le=1, description="nucleus sampling mass")
+    token_budget: PositiveInt = Field(16384, description="rows x (longest prompt + max_new_tokens) per batch")
+    limit: PositiveInt | None = Field(None, description="answer the first N prompts only")
+    seed: int = Field(0, description="batch b samples with seed + b")
+    skip_invalid: bool = Field(False, description="skip bad records (listed in rejected.jsonl) instead of stopping")
+    device: str | None = Field(None, description="cpu, cuda or cuda:N (default cuda if present)")
+    dtype: Literal["bfloat16", "float16", "float32"] = Field("bfloat16", description="dtype the target runs in")
+    overwrite: bool = Field(False, description="replace another regenerate output in --out")
+    trust_remote_code: bool = Field(False, description="allow custom model code from the target directory")
+
 class EvalConfig(StageConfig):
     """`eyas eval`: speculative decoding of prompts with a draft against the target alone."""
 

@@ -28,6 +28,21 @@ def _messages(value: Any, where: str) -> list[dict[str, str]]:
     return value
 
 
+def chat_messages(record: dict[str, Any], tokenizer: Any, where: str,
+                  kinds: tuple[str, ...] = ("prompt", "messages")) -> list[dict[str, str]]:
+    """Return the messages of a `{"prompt": text}` or `{"messages": [...]}` record; refuses any other
+    shape, naming `where` and the field."""
+    present = [k for k in KINDS if k in record]
+    if len(present) != 1 or present[0] not in kinds:
+        raise EyasError(f"{where}: expected exactly one of the fields {', '.join(kinds)}, found {present or 'none'}")
+    value = record[present[0]]
+    if present[0] == "prompt":
+        if not isinstance(value, str):
+            raise EyasError(f"{where}: prompt: expected a string")
+        return [{"role": "user", "content": value}]
+    return _messages(value, where)
+
+
 def _token_ids(record: dict[str, Any], tokenizer: Any, where: str) -> list[int]:
     kinds = [k for k in KINDS if k in record]
     if len(kinds) != 1:
@@ -36,9 +51,7 @@ def _token_ids(record: dict[str, Any], tokenizer: Any, where: str) -> list[int]:
     if kind == "messages" or (kind == "prompt" and tokenizer.chat_template):
         if not tokenizer.chat_template:
             raise EyasError(f"{where}: messages: the target's tokenizer has no chat template")
-        if kind == "prompt" and not isinstance(value, str):
-            raise EyasError(f"{where}: prompt: expected a string")
-        messages = _messages(value, where) if kind == "messages" else [{"role": "user", "content": value}]
+        messages = chat_messages(record, tokenizer, where)
         text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
         ids = tokenizer(text, add_special_tokens=False)["input_ids"]
     else:
