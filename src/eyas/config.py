@@ -9,6 +9,7 @@ its output (`config.yaml`), which `--config` accepts as is.
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
@@ -241,6 +242,12 @@ def load_stage_config(
     values.update({k: v for k, v in (flags or {}).items() if v is not None})
     for override in overrides or []:
         _apply_override(values, override, stage)
+    target_field = cls.model_fields.get("target")
+    if target_field is not None and target_field.is_required() and values.get("target") is None:
+        from eyas.target.default import NOTE, default_target
+
+        values["target"] = default_target()
+        print(f"eyas: {NOTE}", file=sys.stderr)
     try:
         return cls.model_validate(values)
     except ValidationError as exc:
