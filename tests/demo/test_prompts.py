@@ -1,0 +1,32 @@
+"""The demo's prompts: 164 HumanEval problems for evaluation, 2,400 distinct training prompts derived
+offline (stdlib signatures and docstrings, eyas's general instructions), disjoint from HumanEval."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+from eyas.demo.prompts import humaneval_prompts, training_prompts, write_prompt_files
+
+
+def test_training_prompts_are_many_distinct_and_disjoint_from_humaneval() -> None:
+    train, held_out = training_prompts(), humaneval_prompts()
+    assert len(held_out) == 164 and held_out[0]["task_id"] == "HumanEval/0"
+    assert len(train) == 2400 and len({p["prompt"] for p in train}) == 2400
+    entry_points = {p["entry_point"] for p in held_out}
+    for prompt in train:
+        named = set(re.findall(r"`(?:[\w.]+\.)?(\w+)\(", prompt["prompt"]))  # the function a prompt asks for
+        assert not named & entry_points, prompt
+        assert not any(f"def {name}(" in prompt["prompt"] for name in entry_points)
+    sources = {p["source"].split(":")[0] for p in train}
+    assert sources == {"stdlib", "eyas"}
+    assert sum(p["source"].startswith("stdlib:") for p in train) > 1500
+
+
+def test_the_same_seed_gives_the_same_prompts_and_files(tmp_path: Path) -> None:
+    assert training_prompts(100, seed=3) == training_prompts(100, seed=3) != training_prompts(100, seed=4)
+    train, evaluation = write_prompt_files(tmp_path, count=50)
+    assert len(train.read_text().splitlines()) == 50
+    first = json.loads(evaluation.read_text().splitlines()[0])
+    assert first["prompt"].startswith("Complete the following Python function.") and "def has_close_elements" in first["prompt"]
