@@ -32,10 +32,12 @@ test: setup
 test-transformers4:
 	$(MAKE) test VENV=.venv-transformers4 TRANSFORMERS="transformers==4.57.*"
 
+# The whole job on the embedded SmolLM2 target: prompts -> regenerate -> prepare -> extract -> train
+# -> eval -> export (docs/demo.md). SIZE=smoke is a wiring check of a few minutes; the sizes meant for
+# figures are being calibrated (see docs/demo.md).
+SIZE ?= smoke
 demo: setup
-	$(BIN)/python -m eyas.testing.tiny runs/demo/target --style chatml
-	$(BIN)/eyas prepare --config examples/demo.yaml
-	@echo "files in runs/demo/dataset:" && ls -l runs/demo/dataset
+	$(BIN)/python -m eyas.demo examples/demo/$(SIZE).yaml
 
 clean:
-	rm -rf runs/demo .pytest_cache
+	rm -rf runs/demo runs/demo-smoke .pytest_cache

@@ -20,13 +20,21 @@ from eyas import __version__
 from eyas.errors import EyasError
 from eyas.files import write_text_atomic
 
-STAGE_NAMES = ("prepare", "regenerate", "extract", "train", "eval", "export")
+STAGE_NAMES = ("demo", "prepare", "regenerate", "extract", "train", "eval", "export")
 
 
 class StageConfig(BaseModel):
     """Base of every stage config: unknown keys are errors, values are validated on load."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class DemoConfig(StageConfig):
+    """`make demo` / `python -m eyas.demo`: the prompts of the demo run (its stages have their own sections)."""
+
+    out: Path = Field(description="run root: prompts/ and report/ go here")
+    train_prompts: PositiveInt = Field(2400, description="training prompts drawn (stdlib and general instructions)")
+    seed: int = Field(0, description="draw of the training prompts")
 
 
 class PrepareConfig(StageConfig):
