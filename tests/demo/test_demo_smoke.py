@@ -1,0 +1,44 @@
+"""The demo pipeline end to end on the embedded SmolLM2 target at smoke size (slow: a few minutes):
+every stage runs from one YAML file, the report lands in OUT/report with the exported draft, and a
+second run reuses every finished stage and gives the same report."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from eyas.demo.run import run_demo
+
+SMOKE = Path(__file__).resolve().parents[2] / "examples" / "demo" / "smoke.yaml"
+
+
+def rooted(value: object, root: Path) -> object:
+    """The smoke config with its `runs/demo-smoke` paths moved under `root`."""
+    if isinstance(value, dict):
+        return {k: rooted(v, root) for k, v in value.items()}
+    if isinstance(value, list):
+        return [rooted(v, root) for v in value]
+    if isinstance(value, str) and value.startswith("runs/demo-smoke"):
+        return str(root / value.removeprefix("runs/demo-smoke/").removeprefix("runs/demo-smoke"))
+    return value
+
+
+@pytest.mark.slow
+def test_smoke_demo_runs_every_stage_and_reuses_them(tmp_path: Path) -> None:
+    config = tmp_path / "demo.yaml"
+    config.write_text(yaml.safe_dump(rooted(yaml.safe_load(SMOKE.read_text()), tmp_path / "run")))
+    report = run_demo(config)
+    assert report == tmp_path / "run" / "report"
+    first = json.loads((report / "report.json").read_text())
+    assert first["prompts"] == 2 and first["decoding"] == "chain 3" and first["prompt_lookup"] is not None
+    assert first["same_as_baseline"] == 2  # greedy: the target's own output
+    assert (report / "acceptance.png").is_file()
+    exported = json.loads((report / "draft-vllm" / "config.json").read_text())
+    assert exported["architectures"] == ["LlamaForCausalLMEagle3"]
+    results = (tmp_path / "run" / "eval" / "results.jsonl").read_text()
+    run_demo(config)  # everything finished: reused
+    assert (tmp_path / "run" / "eval" / "results.jsonl").read_text() == results
+    assert json.loads((report / "report.json").read_text())["tau"] == first["tau"]
