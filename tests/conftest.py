@@ -108,6 +108,14 @@ def run_cli(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch)
     return run
 
 
+def write_tree(root: Path, files: dict[str, str]) -> Path:
+    """Write `files` (relative path -> text) under `root`; return `root`."""
+    for name, text in files.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text(text)
+    return root
+
+
 def write_jsonl(path: Path, records: Iterable[object]) -> Path:
     """Write one JSON value per line (strings are written verbatim, for malformed lines)."""
     path.parent.mkdir(parents=True, exist_ok=True)

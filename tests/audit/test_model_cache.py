@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from conftest import write_tree
 
 from eyas.audit import apimodel
 from eyas.audit.run import run_audit
@@ -26,9 +27,7 @@ LIB = {
 
 @pytest.fixture
 def tree(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    for name, text in LIB.items():
-        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
-        (tmp_path / name).write_text(text)
+    write_tree(tmp_path, LIB)
     monkeypatch.setenv("EYAS_CACHE", str(tmp_path / "cache"))
     return tmp_path
 

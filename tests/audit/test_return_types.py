@@ -8,6 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from conftest import write_tree
 
 from eyas.audit.run import run_audit
 
@@ -24,9 +25,7 @@ FILES = {
 
 def test_return_annotations_type_the_results(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("EYAS_CACHE", str(tmp_path / "cache"))
-    for name, text in FILES.items():
-        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
-        (tmp_path / name).write_text(text)
+    write_tree(tmp_path, FILES)
     result = run_audit([tmp_path / "client"], str(tmp_path / "lib"))
     assert [(f.kind, f.symbol, f.line) for f in result.findings] == [
         ("missing-attribute", "rtlib.core.Engine.gone", 4),

@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from conftest import write_tree
 
 from eyas.audit.run import run_audit
 
@@ -22,8 +23,6 @@ FILES = {
 
 def test_star_imports_follow_all(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("EYAS_CACHE", str(tmp_path / "cache"))
-    for name, text in FILES.items():
-        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
-        (tmp_path / name).write_text(text)
+    write_tree(tmp_path, FILES)
     result = run_audit([tmp_path / "client"], str(tmp_path / "pkg"), str(tmp_path / "pkg"))
     assert [(f.kind, f.symbol, f.line) for f in result.findings] == [("unresolved-import", "starlib.Private", 2)]

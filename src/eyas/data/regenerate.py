@@ -29,6 +29,7 @@ from eyas.progress import stage_progress
 from eyas.target.fingerprint import target_fingerprint
 from eyas.target.load import DTYPES, load_target, resolve_device
 from eyas.target.tokenizer import load_tokenizer
+from eyas.train.batches import group_under_budget
 
 CONVERSATIONS = "conversations.jsonl"
 REJECTED = "rejected.jsonl"
@@ -102,17 +103,8 @@ def read_prompts(config: RegenerateConfig, tokenizer: Any) -> tuple[list[Prompt]
 
 def plan_batches(prompts: list[Prompt], max_new_tokens: int, token_budget: int) -> list[list[Prompt]]:
     """Return consecutive prompts grouped while `rows x (longest prompt + max_new_tokens) <= token_budget`."""
-    batches: list[list[Prompt]] = []
-    longest = 0
-    for prompt in prompts:
-        size = len(prompt.ids) + max_new_tokens
-        if batches and (len(batches[-1]) + 1) * max(longest, size) <= token_budget:
-            batches[-1].append(prompt)
-            longest = max(longest, size)
-        else:
-            batches.append([prompt])
-            longest = size
-    return batches
+    sizes = [len(p.ids) + max_new_tokens for p in prompts]
+    return [[prompts[i] for i in group] for group in group_under_budget(sizes, token_budget)]
 
 
 @torch.inference_mode()

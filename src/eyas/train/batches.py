@@ -46,19 +46,25 @@ def _pack(indices: list[int], lengths: np.ndarray, row_tokens: int) -> list[Row]
     return rows
 
 
-def _group(rows: list[Row], lengths: np.ndarray, token_budget: int) -> list[MicroBatch]:
-    """Return consecutive rows grouped while `len(group) x longest row <= token_budget`."""
-    batches: list[MicroBatch] = []
+def group_under_budget(sizes: list[int], token_budget: int) -> list[list[int]]:
+    """Return the indices of consecutive items grouped while `len(group) x largest size <= token_budget`
+    (padded rows: every row of a group is as long as its longest); an item over the budget is alone."""
+    groups: list[list[int]] = []
     longest = 0
-    for row in rows:
-        size = int(sum(lengths[i] for i in row))
-        if batches and (len(batches[-1]) + 1) * max(longest, size) <= token_budget:
-            batches[-1].append(row)
+    for index, size in enumerate(sizes):
+        if groups and (len(groups[-1]) + 1) * max(longest, size) <= token_budget:
+            groups[-1].append(index)
             longest = max(longest, size)
         else:
-            batches.append([row])
+            groups.append([index])
             longest = size
-    return batches
+    return groups
+
+
+def _group(rows: list[Row], lengths: np.ndarray, token_budget: int) -> list[MicroBatch]:
+    """Return consecutive rows grouped under the token budget (rows padded to the longest)."""
+    sizes = [int(sum(lengths[i] for i in row)) for row in rows]
+    return [[rows[i] for i in group] for group in group_under_budget(sizes, token_budget)]
 
 
 def plan_epoch(indices: np.ndarray, lengths: np.ndarray, seed: int, epoch: int, row_tokens: int,
