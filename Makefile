@@ -33,11 +33,11 @@ test-transformers4:
 	$(MAKE) test VENV=.venv-transformers4 TRANSFORMERS="transformers==4.57.*"
 
 # The whole job on the embedded SmolLM2 target: prompts -> regenerate -> prepare -> extract -> train
-# -> eval -> export (docs/demo.md). SIZE=smoke is a wiring check of a few minutes; the sizes meant for
-# figures are being calibrated (see docs/demo.md).
-SIZE ?= smoke
+# -> eval -> export (docs/demo.md). SIZE=small (default) fits in 30 minutes on a 2-core CPU; SIZE=full
+# gives the benchmark figures (docs/benchmarks.md, about 2 hours, resumable); SIZE=smoke is a wiring check.
+SIZE ?= small
 demo: setup
 	$(BIN)/python -m eyas.demo examples/demo/$(SIZE).yaml
 
 clean:
-	rm -rf runs/demo runs/demo-smoke .pytest_cache
+	rm -rf runs/demo runs/demo-smoke runs/demo-full .pytest_cache

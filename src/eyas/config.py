@@ -35,6 +35,8 @@ class DemoConfig(StageConfig):
     out: Path = Field(description="run root: prompts/ and report/ go here")
     train_prompts: PositiveInt = Field(2400, description="training prompts drawn (stdlib and general instructions)")
     seed: int = Field(0, description="draw of the training prompts")
+    tree: str | None = Field(None, description="also evaluate this EAGLE-2 tree DEPTH,TOPK,TOTAL (the eval section's "
+                                               "prompts and sampling) into report/tree/")
 
 
 class PrepareConfig(StageConfig):
@@ -110,7 +112,9 @@ class TrainConfig(StageConfig):
     device: str | None = Field(None, description="cpu, cuda or cuda:N (default cuda if present; LOCAL_RANK under torchrun)")
     fsdp: bool = Field(False, description="under torchrun: shard the draft's weights, gradients and AdamW moments (FSDP2)")
     preflight: bool = Field(True, description="online: audit eyas's engine API contract before loading the target")
-    dtype: Literal["bfloat16", "float32"] = Field("bfloat16", description="autocast dtype on CUDA (CPU runs float32)")
+    dtype: Literal["bfloat16", "float32"] | None = Field(
+        None, description="autocast dtype of the draft (default: bfloat16 on CUDA, float32 on CPU; bfloat16 on a CPU "
+                          "with AVX512-BF16/AMX halves the time)")
     target_dtype: Literal["bfloat16", "float16", "float32"] = Field("bfloat16", description="dtype of the target parts")
     layers: list[int] | None = Field(None, description="online: aux layer ids (default: EAGLE-3's 3 layers)")
     layer_convention: Literal["input", "output"] | None = Field(None, description="how `layers` counts")

@@ -1,6 +1,7 @@
 """The demo pipeline end to end on the embedded SmolLM2 target at smoke size (slow: a few minutes):
-every stage runs from one YAML file, the report lands in OUT/report with the exported draft, and a
-second run reuses every finished stage and gives the same report."""
+every stage runs from one YAML file, the report (chain, and the tree in report/tree) lands in
+OUT/report with the exported draft, and a second run reuses every finished stage and gives the same
+report."""
 
 from __future__ import annotations
 
@@ -36,6 +37,9 @@ def test_smoke_demo_runs_every_stage_and_reuses_them(tmp_path: Path) -> None:
     assert first["prompts"] == 2 and first["decoding"] == "chain 3" and first["prompt_lookup"] is not None
     assert first["same_as_baseline"] == 2  # greedy: the target's own output
     assert (report / "acceptance.png").is_file()
+    tree = json.loads((report / "tree" / "report.json").read_text())
+    assert tree["decoding"].startswith("tree") and tree["same_as_baseline"] == 2 and tree["prompt_lookup"] is None
+    assert (report / "tree" / "acceptance.png").is_file()
     exported = json.loads((report / "draft-vllm" / "config.json").read_text())
     assert exported["architectures"] == ["LlamaForCausalLMEagle3"]
     results = (tmp_path / "run" / "eval" / "results.jsonl").read_text()

@@ -241,3 +241,28 @@ def test_inputs_changed_under_the_same_paths_are_not_reused(inputs: Inputs, run_
     run_prepare(PrepareConfig(target=inputs.target, data=[EXAMPLES / "sharegpt.json"], out=online, overwrite=True))
     err = one_line_error(run_cli(*args))
     assert "holds an eyas training run made from other inputs or settings" in err
+
+
+def test_cpu_runs_float32_unless_bfloat16_autocast_is_asked(inputs: Inputs, run_cli, tmp_path: Path,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """`train.dtype=bfloat16` puts the draft's forward under bfloat16 autocast on CPU too; the default stays float32."""
+    seen: dict[str, set[torch.dtype]] = {}
+    linear = torch.nn.Linear.forward
+
+    def recording(self: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
+        out = linear(self, x)
+        seen[current].add(out.dtype)
+        return out
+
+    monkeypatch.setattr(torch.nn.Linear, "forward", recording)
+    for current, extra in (("default", []), ("bfloat16", ["train.dtype=bfloat16"])):
+        seen[current] = set()
+        result = run_cli("train", "--features", inputs.store, "--out", tmp_path / current, "--max-steps", "2",
+                         *SMALL, *extra)
+        assert result.code == 0, result.err
+        losses = [line["loss"] for line in metric_lines(tmp_path / current, "train")]
+        assert losses and all(math.isfinite(loss) for loss in losses)
+    assert seen["default"] == {torch.float32}
+    assert seen["bfloat16"] == {torch.bfloat16}
+    weights = load_file(str(tmp_path / "bfloat16" / "final" / "model.safetensors"))
+    assert all(t.dtype == torch.float32 for n, t in weights.items() if t.is_floating_point())  # master weights

@@ -41,6 +41,7 @@ def run_demo(config_file: Path) -> Path:
         timings[name] = time.perf_counter() - started
         return result
 
+    tree_config = _tree_evaluation(demo, load_stage_config(EvalConfig, "eval", config_file))
     timed("prompts", lambda: write_prompt_files(demo.out / "prompts", demo.train_prompts, demo.seed))
     timed("regenerate", lambda: run_regenerate(load_stage_config(RegenerateConfig, "regenerate", config_file)))
     timed("prepare", lambda: run_prepare(load_stage_config(PrepareConfig, "prepare", config_file)))
@@ -48,15 +49,32 @@ def run_demo(config_file: Path) -> Path:
     timed("train", lambda: run_train(load_stage_config(TrainConfig, "train", config_file)))
     eval_config = load_stage_config(EvalConfig, "eval", config_file)
     result = timed("eval", lambda: run_eval(eval_config))
+    evaluations = [(report, eval_config, result)]
+    if tree_config is not None:
+        evaluations.append((report / "tree", tree_config, timed("eval (tree)", lambda: run_eval(tree_config))))
     export = load_stage_config(ExportConfig, "export", config_file)
     timed("export", lambda: run_export(export))
-    report.mkdir(parents=True, exist_ok=True)
-    for name in ("report.json", "acceptance.png"):
-        shutil.copy2(eval_config.out / name, report / name)
+    for directory, config, _ in evaluations:
+        directory.mkdir(parents=True, exist_ok=True)
+        for name in ("report.json", "acceptance.png"):
+            shutil.copy2(config.out / name, directory / name)
     shutil.copytree(export.out, report / f"draft-{export.format}", dirs_exist_ok=True)
-    print_eval_report(report, result)
+    for directory, _, evaluation in evaluations:
+        print_eval_report(directory, evaluation)
     print("stage seconds (this run): " + ", ".join(f"{k} {v:.0f}" for k, v in timings.items()), file=sys.stderr)
     return report
+
+
+def _tree_evaluation(demo: DemoConfig, eval_config: EvalConfig) -> EvalConfig | None:
+    """Return the eval section redone with `demo.tree` into `OUT-tree` (None without a tree); refuses a malformed tree."""
+    from eyas.decode.evaluate import decoding_shape
+
+    if demo.tree is None:
+        return None
+    tree_config = eval_config.model_copy(update={
+        "chain": None, "tree": demo.tree, "prompt_lookup": 0, "out": eval_config.out.with_name(eval_config.out.name + "-tree")})
+    decoding_shape(tree_config)
+    return tree_config
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -79,6 +79,11 @@ def lr_factor(step: int, total: int, warmup: int, floor: float) -> float:
     return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
 
 
+def _draft_autocast(config: TrainConfig, device: torch.device) -> bool:
+    """Return whether the draft runs under bfloat16 autocast: as configured, else on CUDA only."""
+    return config.dtype == "bfloat16" if config.dtype is not None else device.type == "cuda"
+
+
 class _Trainer:
     def __init__(self, config: TrainConfig, setup: TrainSetup, ranks: Ranks, device: torch.device,
                  run_key: str) -> None:
@@ -101,7 +106,7 @@ class _Trainer:
         self.draft.t2d.copy_(t2d)
         set_embedding(self.draft, head.embed.float())
         self.draft.to(device)
-        self.model = TTTLoss(self.draft, config.ttt_steps, autocast=device.type == "cuda" and config.dtype == "bfloat16")
+        self.model = TTTLoss(self.draft, config.ttt_steps, autocast=_draft_autocast(config, device))
         self.sharded = config.fsdp and ranks.distributed
         if self.sharded:
             shard(self.model, device, ranks.world)

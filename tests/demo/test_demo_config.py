@@ -1,0 +1,38 @@
+"""The demo refuses a malformed config before its first stage runs, and the shipped sizes parse."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from eyas.config import STAGE_NAMES, DemoConfig, load_stage_config
+from eyas.demo.run import run_demo
+from eyas.errors import EyasError
+
+SIZES = Path(__file__).resolve().parents[2] / "examples" / "demo"
+
+
+def test_a_malformed_tree_is_refused_before_any_stage(tmp_path: Path) -> None:
+    config = tmp_path / "demo.yaml"
+    config.write_text(yaml.safe_dump({
+        "demo": {"out": str(tmp_path / "run"), "train_prompts": 4, "tree": "6,4"},
+        "eval": {"draft": str(tmp_path / "draft"), "prompts": str(tmp_path / "p.jsonl"), "out": str(tmp_path / "e"),
+                 "chain": 3},
+    }))
+    with pytest.raises(EyasError, match=r"tree: '6,4': expected DEPTH,TOPK,TOTAL"):
+        run_demo(config)
+    assert not (tmp_path / "run").exists()  # not even the prompts were drawn
+
+
+@pytest.mark.parametrize("size", ["smoke", "small", "full"])
+def test_shipped_sizes_have_every_stage_under_their_own_out(size: str) -> None:
+    path = SIZES / f"{size}.yaml"
+    doc = yaml.safe_load(path.read_text())
+    assert set(doc) == set(STAGE_NAMES)
+    demo = load_stage_config(DemoConfig, "demo", path)
+    for stage in ("regenerate", "prepare", "extract", "train", "eval", "export"):
+        assert stage in doc, stage
+        outputs = [str(v) for k, v in doc[stage].items() if k in ("out", "prompts", "data", "features", "draft")]
+        assert all(str(demo.out) in value for value in outputs), (stage, outputs)
