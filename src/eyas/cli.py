@@ -86,7 +86,8 @@ def preflight_engines(context: typer.Context) -> None:
 
 def _extract_flags(target: Optional[Path], data: Optional[Path], out: Optional[Path], layers: Optional[str],
                    layer_convention: Optional[str], storage_dtype: Optional[str], dtype: Optional[str],
-                   device: Optional[str]) -> dict[str, object]:
+                   device: Optional[str], backend: Optional[str] = None,
+                   tensor_parallel_size: Optional[int] = None) -> dict[str, object]:
     parsed_layers = None
     if layers is not None:
         try:
@@ -94,7 +95,8 @@ def _extract_flags(target: Optional[Path], data: Optional[Path], out: Optional[P
         except ValueError:
             raise EyasError(f"--layers {layers!r}: expected comma-separated integers, e.g. 2,16,29") from None
     return {"target": target, "data": data, "out": out, "layers": parsed_layers, "layer_convention": layer_convention,
-            "storage_dtype": storage_dtype, "dtype": dtype, "device": device}
+            "storage_dtype": storage_dtype, "dtype": dtype, "device": device, "backend": backend,
+            "tensor_parallel_size": tensor_parallel_size}
 
 
 TargetOption = Annotated[Optional[Path], typer.Option(help="Local Hugging Face model dir.")]
@@ -105,13 +107,15 @@ ConventionOption = Annotated[Optional[str], typer.Option(help="input (EAGLE/vLLM
 StorageOption = Annotated[Optional[str], typer.Option(help="bf16 (default), fp8 (e4m3, per-token scales) or fp32.")]
 DtypeOption = Annotated[Optional[str], typer.Option(help="Dtype the target runs in: bfloat16, float16, float32.")]
 DeviceOption = Annotated[Optional[str], typer.Option(help="cpu, cuda, cuda:N or auto (spread over GPUs).")]
+BackendOption = Annotated[Optional[str], typer.Option(help="hf (transformers, default) or vllm (CUDA; docs/extract.md).")]
+TensorParallelOption = Annotated[Optional[int], typer.Option(help="vllm backend: GPUs to shard the target over.")]
 
 
 @app.command()
 def extract(
     target: TargetOption = None, data: DatasetOption = None, out: StoreOutOption = None, layers: LayersOption = None,
     layer_convention: ConventionOption = None, storage_dtype: StorageOption = None, dtype: DtypeOption = None,
-    device: DeviceOption = None,
+    device: DeviceOption = None, backend: BackendOption = None, tensor_parallel_size: TensorParallelOption = None,
     token_budget: Annotated[Optional[int], typer.Option(help="Padded tokens per forward batch.")] = None,
     overwrite: Annotated[Optional[bool], typer.Option("--overwrite", help="Replace a different store in --out.")] = None,
     no_preflight: Annotated[bool, typer.Option("--no-preflight", help="Skip the weightless preflight.")] = False,
@@ -121,14 +125,13 @@ def extract(
     """Run the target over a prepared dataset and store the EAGLE-3 features (resumable, torchrun-aware)."""
     from eyas.config import ExtractConfig, load_stage_config
     from eyas.features.extract import run_extract
-    from eyas.features.preflight import ExtractPlan
     from eyas.reports import print_extract_summary
 
-    flags = _extract_flags(target, data, out, layers, layer_convention, storage_dtype, dtype, device)
+    flags = _extract_flags(target, data, out, layers, layer_convention, storage_dtype, dtype, device, backend,
+                           tensor_parallel_size)
     flags.update({"token_budget": token_budget, "overwrite": overwrite, "preflight": False if no_preflight else None})
     stage_config = load_stage_config(ExtractConfig, "extract", config, flags, overrides)
-    plan = None if stage_config.preflight else ExtractPlan()
-    manifest, reused = run_extract(stage_config, plan)
+    manifest, reused = run_extract(stage_config)
     print_extract_summary(stage_config.out, manifest, reused)
 
 
@@ -145,18 +148,39 @@ def verify(store: Annotated[Path, typer.Argument(help="Feature store dir.")]) ->
     print(f"{store}: ok (every shard checksum and shape matches the manifest)")
 
 
+@preflight_app.command("vllm")
+def preflight_vllm_command(
+    against: Annotated[Optional[str], typer.Option(help="Audit against this vLLM SPEC (e.g. sdist:vllm==0.34.0) instead "
+                                                        "of the installed one.")] = None,
+    contract: Annotated[bool, typer.Option("--contract", help="List every vLLM name each path uses, then audit.")] = False,
+) -> None:
+    """Audit the vLLM extraction backend against the installed vLLM (or --against): exit 1 on problems."""
+    from eyas.reports import print_preflight, print_vllm_contract
+    from eyas.target.vllm.contract import VLLM_PATHS, contract_uses, vllm_problems
+
+    if contract:
+        for path in VLLM_PATHS:
+            print_vllm_contract(path, contract_uses(path))
+    problems, facts = vllm_problems(against)
+    print_preflight(facts, problems)
+    if problems:
+        raise typer.Exit(1)
+
+
 @preflight_app.command("extract")
 def preflight_extract_command(
     target: TargetOption = None, data: DatasetOption = None, out: StoreOutOption = None, layers: LayersOption = None,
     layer_convention: ConventionOption = None, storage_dtype: StorageOption = None, dtype: DtypeOption = None,
-    device: DeviceOption = None, config: ConfigOption = None, overrides: Overrides = None,
+    device: DeviceOption = None, backend: BackendOption = None, tensor_parallel_size: TensorParallelOption = None,
+    config: ConfigOption = None, overrides: Overrides = None,
 ) -> None:
     """Check an extraction without loading weights: meta-device capture dry run, files, disk (exit 1 on problems)."""
     from eyas.config import ExtractConfig, load_stage_config
     from eyas.features.preflight import preflight_extract
     from eyas.reports import print_preflight
 
-    flags = _extract_flags(target, data, out, layers, layer_convention, storage_dtype, dtype, device)
+    flags = _extract_flags(target, data, out, layers, layer_convention, storage_dtype, dtype, device, backend,
+                           tensor_parallel_size)
     plan = preflight_extract(load_stage_config(ExtractConfig, "extract", config, flags, overrides))
     print_preflight(plan.facts, plan.problems)
     if plan.problems:
@@ -332,7 +356,8 @@ def check_draft_(
 @app.command()
 def audit(
     paths: Annotated[list[Path], typer.Argument(help="Client files or directories to check.")],
-    against: Annotated[str, typer.Option(help="Target: installed name, name==version, wheel or source dir.")],
+    against: Annotated[str, typer.Option(help="Target: installed name, name==version, sdist:name==version (the source "
+                                              "distribution, for huge wheels), wheel or source dir.")],
     baseline: Annotated[Optional[str], typer.Option(help="The version the code was written against (same forms).")] = None,
     format: Annotated[str, typer.Option(help="text, json or sarif.")] = "text",
     select: Annotated[Optional[str], typer.Option(help="Only these finding kinds, comma-separated.")] = None,

@@ -73,6 +73,9 @@ class ExtractConfig(StageConfig):
     device: str | None = Field(None, description="cpu, cuda, cuda:N or auto (device_map over GPUs); default cuda if present")
     token_budget: PositiveInt = Field(8192, description="padded tokens per forward batch")
     shard_tokens: PositiveInt = Field(65536, description="tokens per store shard (host memory grows with this)")
+    backend: Literal["hf", "vllm"] = Field("hf", description="hf: transformers with hooks; vllm: vLLM's public "
+                                                             "extraction surfaces (CUDA; docs/extract.md)")
+    tensor_parallel_size: PositiveInt = Field(1, description="vllm backend: GPUs vLLM shards the target over")
     overwrite: bool = Field(False, description="discard an existing, different store in --out")
     preflight: bool = Field(True, description="run the weightless preflight before loading weights")
     trust_remote_code: bool = Field(False, description="allow custom model code from the target directory")

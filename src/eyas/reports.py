@@ -12,6 +12,8 @@ if TYPE_CHECKING:  # keeps torch out of `eyas prepare`'s imports
     from eyas.data.dataset import DatasetManifest
     from eyas.decode.report import EvalReport
     from eyas.features.store import StoreManifest
+    from eyas.audit.usage import Usage
+    from eyas.target.vllm.contract import VllmPath
     from eyas.train.loop import TrainResult
 
 console = Console()
@@ -60,6 +62,24 @@ def print_preflight(facts: dict[str, str], problems: list[str]) -> None:
     for problem in problems:
         console.print(f"[red]problem[/red]: {problem}", highlight=False, soft_wrap=True)
     console.print("[green]preflight ok[/green]" if not problems else f"[red]{len(problems)} problem(s)[/red]")
+
+
+def print_vllm_contract(path: VllmPath, uses: list[Usage]) -> None:
+    """Print one vLLM path's contract: its release range and every vLLM name, call shape and attribute it uses."""
+    table = Table(title=f"vLLM {path.span}: {path.name} ({', '.join(path.modules)})")
+    for column in ("use", "vLLM name", "call / attribute", "where"):
+        table.add_column(column, overflow="fold")
+    called = {(u.target, u.member, u.path, u.line) for u in uses if u.kind == "member_call"}
+    for use in uses:
+        if use.kind == "member" and (use.target, use.member, use.path, use.line) in called:
+            continue
+        shape = ""
+        if use.call is not None:
+            shape = f"({use.call.positional} positional{''.join(', ' + k + '=' for k in use.call.keywords)}" \
+                    f"{', **' if use.call.double_star else ''})"
+        member = f".{use.member}" if use.member else ""
+        table.add_row(use.kind, use.target + member, shape, f"{Path(use.path).name}:{use.line}")
+    console.print(table)
 
 
 def print_train_summary(result: TrainResult) -> None:

@@ -2,7 +2,9 @@
 
 SPEC is an installed distribution (`transformers`: its installed files), `name==version`
 (downloaded with `pip download --no-deps` into the cache and unpacked, never imported or run),
-a wheel file (unpacked into the cache) or a source directory (`src/` layouts included).
+`sdist:name==version` (the source distribution, found through the index's PEP 691 JSON API,
+hash-checked and unpacked, never built), a wheel file (unpacked into the cache) or a source
+directory (`src/` layouts included).
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import tarfile
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
-
+from eyas.audit.index import fetch_sdist, normalize
 from eyas.errors import EyasError
 
 
@@ -61,8 +63,13 @@ def _unpack(archive: Path, into: Path) -> Path:
                 handle.extractall(tmp, filter="data")
         tmp.rename(into)
         done.write_text(archive.name)
+    return _source_root(into, wheel=archive.suffix == ".whl")
+
+
+def _source_root(into: Path, wheel: bool) -> Path:
+    """Return the source root of an unpacked archive: an sdist's one top directory (its `src/`), else `into`."""
     entries = [p for p in into.iterdir() if p.is_dir() and not p.name.endswith(".dist-info")]
-    if archive.suffix != ".whl" and len(entries) == 1:  # an sdist: one top directory
+    if not wheel and len(entries) == 1:  # an sdist: one top directory
         top = entries[0]
         return top / "src" if (top / "src").is_dir() else top
     return into
@@ -106,6 +113,20 @@ def _download(name: str, version: str) -> Source:
     return Source(f"{name}=={version}", (root,), _top_level(root))
 
 
+def _sdist(name: str, version: str) -> Source:
+    """Return the source of NAME==VERSION's sdist; an unpacked copy in the cache is reused without any network access."""
+    spec = f"sdist:{name}=={version}"
+    key = f"{normalize(name)}-{version}-sdist"  # never the cache names of a wheel download
+    target = cache_dir() / "src" / key
+    if (target / ".eyas-unpacked").is_file():
+        root = _source_root(target, wheel=False)
+    else:
+        archives = cache_dir() / "downloads" / key
+        fetched = sorted(archives.glob("*.tar.gz")) if archives.is_dir() else []
+        root = _unpack(fetched[0] if fetched else fetch_sdist(spec, name, version, archives), target)
+    return Source(f"{name}=={version} (sdist)", (root,), _top_level(root))
+
+
 def resolve_spec(spec: str) -> Source:
     """Return the source of SPEC; refuses one that names nothing readable."""
     path = Path(spec)
@@ -114,9 +135,9 @@ def resolve_spec(spec: str) -> Source:
         return Source(path.name, (root,), _top_level(root))
     if path.is_dir():
         return _directory(path)
-    match = re.fullmatch(r"([A-Za-z0-9][A-Za-z0-9._-]*)==([A-Za-z0-9.+!_-]+)", spec)
+    match = re.fullmatch(r"(sdist:)?([A-Za-z0-9][A-Za-z0-9._-]*)==([A-Za-z0-9.+!_-]+)", spec)
     if match:
-        return _download(*match.groups())
+        return _sdist(*match.groups()[1:]) if match[1] else _download(*match.groups()[1:])
     if re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", spec):
         return _installed(spec)
-    raise EyasError(f"{spec}: not a distribution name, name==version, wheel file or source directory")
+    raise EyasError(f"{spec}: not a distribution name, name==version, sdist:name==version, wheel file or source directory")

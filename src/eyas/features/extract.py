@@ -11,8 +11,11 @@ Under `torchrun`, rank r takes shards r, r+K, r+2K, ...; rank 0 merges the manif
 from __future__ import annotations
 
 import json
+import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -37,6 +40,7 @@ _PROGRESS = "progress-rank{rank}.json"
 class _RankProgress(BaseModel):
     run_key: str
     shards: list[store.ShardInfo]
+    backend: str | None = None  # what computed the shards so far
 
 
 def plan_shards(lengths: np.ndarray, shard_tokens: int) -> list[tuple[int, int]]:
@@ -71,10 +75,12 @@ def _run_key(config: ExtractConfig, plan: ExtractPlan) -> str:
         "aux_ids": plan.aux_ids, "storage_dtype": config.storage_dtype, "dtype": config.dtype,
         "token_budget": config.token_budget, "shard_tokens": config.shard_tokens,
     }
+    if config.backend != "hf":  # stores made before backends existed keep their key
+        decisive["backend"] = config.backend
     return sha256_text(json.dumps(decisive, sort_keys=True))
 
 
-_OWN_FILES = ("shard-*.safetensors", "progress-rank*.json", store.MANIFEST, "config.yaml")
+_OWN_FILES = ("shard-*.safetensors", "progress-rank*.json", store.MANIFEST, "config.yaml", ".vllm-spool-*")
 
 
 def _claim_output(config: ExtractConfig, run_key: str) -> None:
@@ -117,7 +123,29 @@ def sample_features(capture: FeatureCapture, reader: DatasetReader, indices: lis
             )
 
 
-def _merge(config: ExtractConfig, plan: ExtractPlan, run_key: str, world: int, shard_count: int) -> store.StoreManifest:
+FeatureSource = Callable[[list[int]], Iterator[tuple[int, store.SampleFeatures]]]
+
+
+@contextmanager
+def _feature_source(config: ExtractConfig, plan: ExtractPlan, reader: DatasetReader,
+                    device: str) -> Iterator[tuple[FeatureSource, str]]:
+    """Load the target on `config.backend`; yield what computes the samples of dataset rows and the
+    backend's description for the manifest (`hf`, `vllm VERSION (path)`)."""
+    if config.backend == "vllm":
+        from eyas.target.vllm.extractor import VllmFeatures
+
+        with tempfile.TemporaryDirectory(dir=config.out, prefix=".vllm-spool-") as spool:
+            engine = VllmFeatures(config.target, plan.aux_ids, plan.num_layers, Path(spool), config.dtype,
+                                  config.tensor_parallel_size, int(reader.lengths().max()), config.trust_remote_code)
+            yield (lambda indices: engine.samples(reader, indices)), engine.describe()
+        return
+    parts = load_target(config.target, DTYPES[config.dtype], device, config.trust_remote_code)
+    with FeatureCapture(parts, plan.aux_ids) as capture:
+        yield (lambda indices: sample_features(capture, reader, indices, config.token_budget, device)), "hf"
+
+
+def _merge(config: ExtractConfig, plan: ExtractPlan, run_key: str, world: int, shard_count: int,
+           backend: str) -> store.StoreManifest:
     shards: list[store.ShardInfo] = []
     for rank in range(world):
         path = config.out / _PROGRESS.format(rank=rank)
@@ -133,7 +161,7 @@ def _merge(config: ExtractConfig, plan: ExtractPlan, run_key: str, world: int, s
         dataset_path=str(config.data), dataset_fingerprint=plan.dataset.fingerprint, layer_ids=plan.aux_ids,
         requested_layers={"ids": config.layers, "convention": config.layer_convention},
         num_layers=plan.num_layers, hidden_size=plan.hidden_size, storage_dtype=config.storage_dtype,
-        compute_dtype=config.dtype, samples=sum(s.samples for s in shards), tokens=tokens, bytes=size,
+        compute_dtype=config.dtype, backend=backend, samples=sum(s.samples for s in shards), tokens=tokens, bytes=size,
         bytes_per_token=round(size / max(tokens, 1), 2), shards=shards,
     )
     write_json_atomic(config.out / store.MANIFEST, manifest.model_dump(mode="json"))
@@ -145,11 +173,11 @@ def _merge(config: ExtractConfig, plan: ExtractPlan, run_key: str, world: int, s
 def run_extract(config: ExtractConfig, plan: ExtractPlan | None = None) -> tuple[store.StoreManifest, bool]:
     """Extract (or resume, or reuse) the store in `config.out`; return its manifest and whether it was reused.
 
-    Runs the weightless preflight first (unless `plan` is given or preflight is off) and refuses
-    to load weights when it finds any problem.
+    Runs the weightless preflight first (unless `plan` is given; with preflight off, only the plan
+    is resolved) and refuses to load weights when it finds any problem.
     """
     ranks = current_ranks()
-    plan = plan or preflight_extract(config)
+    plan = plan or preflight_extract(config, checks=config.preflight)
     if not plan.ok:
         raise EyasError(f"preflight found {len(plan.problems)} problem(s): " + " | ".join(plan.problems))
     run_key = _run_key(config, plan)
@@ -169,16 +197,17 @@ def run_extract(config: ExtractConfig, plan: ExtractPlan | None = None) -> tuple
                 if progress_path.is_file() else _RankProgress(run_key=run_key, shards=[]))
     done = {s.index for s in progress.shards}
     mine = [i for i in range(len(spans)) if i % ranks.world == ranks.rank and i not in done]
+    backend = progress.backend or config.backend
     if mine:
-        parts = load_target(config.target, DTYPES[config.dtype], device, config.trust_remote_code)
         started, tokens_done, bytes_done = time.monotonic(), 0, 0
-        with stage_progress() as bar, FeatureCapture(parts, plan.aux_ids) as capture:
+        with stage_progress() as bar, _feature_source(config, plan, reader, device) as (features_of, backend):
+            progress.backend = backend
             total = sum(spans[i][1] - spans[i][0] for i in mine)
             task = bar.add_task(f"extract (rank {ranks.rank})" if ranks.distributed else "extract", total=total, rate="")
             for index in mine:
                 samples = []
                 indices = list(range(*spans[index]))
-                for tokens, features in sample_features(capture, reader, indices, config.token_budget, device):
+                for tokens, features in features_of(indices):
                     samples.append(features)
                     tokens_done += tokens
                     rate = tokens_done / max(time.monotonic() - started, 1e-9)
@@ -190,7 +219,7 @@ def run_extract(config: ExtractConfig, plan: ExtractPlan | None = None) -> tuple
                 progress.shards.append(info)
                 write_json_atomic(progress_path, progress.model_dump(mode="json"))
     barrier(ranks)
-    manifest = _merge(config, plan, run_key, ranks.world, len(spans)) if ranks.rank == 0 else None
+    manifest = _merge(config, plan, run_key, ranks.world, len(spans), backend) if ranks.rank == 0 else None
     barrier(ranks)
     if ranks.rank != 0:
         manifest = store.read_store_manifest(config.out)

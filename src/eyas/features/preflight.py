@@ -23,7 +23,7 @@ from eyas.data.dataset import DatasetManifest, read_manifest
 from eyas.errors import EyasError
 from eyas.features.store import bytes_per_token
 from eyas.target.capture import FeatureCapture, teacher_logits
-from eyas.target.fingerprint import TargetFingerprint, target_fingerprint
+from eyas.target.fingerprint import TargetFingerprint, is_gguf, target_fingerprint
 from eyas.target.layers import default_aux_layers, from_input_convention, to_input_convention
 from eyas.target.load import build_meta_target, load_config, meta_execution, quantization_problems, resolve_device, weight_problems
 from eyas.target.tokenizer import load_tokenizer
@@ -109,12 +109,38 @@ def _dry_run(plan: ExtractPlan) -> None:
     plan.facts["capture dry run"] = f"ok on meta in {time.perf_counter() - started:.1f}s (aux {width}, last {hidden})"
 
 
-def preflight_extract(config: ExtractConfig) -> ExtractPlan:
-    """Return the plan of an extraction with every problem found before loading weights (none: ok)."""
+def _vllm_checks(config: ExtractConfig, plan: ExtractPlan) -> None:
+    """Add the vLLM backend's problems: vLLM missing, unsupported or not matching eyas's contract, no GPU,
+    a GGUF target, torchrun, a device choice (vLLM places the target itself)."""
+    from eyas.distributed import current_ranks
+    from eyas.target.vllm.contract import vllm_problems
+
+    problems, facts = vllm_problems()
+    plan.problems += problems
+    plan.facts.update(facts)
+    if not torch.cuda.is_available():
+        plan.problems.append("--backend vllm: needs a CUDA GPU and none is visible (use --backend hf on CPU)")
+    if is_gguf(config.target):
+        plan.problems.append(f"{config.target}: --backend vllm takes a Hugging Face model directory, not a GGUF file")
+    if current_ranks().world > 1:
+        plan.problems.append("--backend vllm: run one process, not torchrun (vLLM shards the target: --tensor-parallel-size)")
+    if config.device not in (None, "cuda"):
+        plan.problems.append(f"--device {config.device}: the hf backend's option; vLLM places the target on its GPUs itself")
+
+
+def preflight_extract(config: ExtractConfig, checks: bool = True) -> ExtractPlan:
+    """Return the plan of an extraction with every problem found before loading weights (none: ok).
+
+    With `checks=False` (`--no-preflight`) only what the extraction needs is resolved (dataset,
+    target fingerprint, layer ids): no engine API audit, backend checks, meta dry run or disk check.
+    """
     plan = ExtractPlan()
-    engine_problems, engine_facts = engine_api_problems()
-    plan.problems += engine_problems
-    plan.facts.update(engine_facts)
+    if checks:
+        engine_problems, engine_facts = engine_api_problems()
+        plan.problems += engine_problems
+        plan.facts.update(engine_facts)
+        if config.backend == "vllm":
+            _vllm_checks(config, plan)
     try:
         plan.device = resolve_device(config.device)
     except EyasError as error:
@@ -146,11 +172,14 @@ def preflight_extract(config: ExtractConfig) -> ExtractPlan:
                 plan.aux_ids = to_input_convention(config.layers, config.layer_convention, plan.num_layers)
         except EyasError as error:
             plan.problems.append(str(error))
-        plan.problems += weight_problems(config.target) + quantization_problems(plan.hf_config, plan.device)
-        if plan.aux_ids:
+        if checks:
+            plan.problems += weight_problems(config.target) + quantization_problems(plan.hf_config, plan.device)
+        if plan.aux_ids and checks:
             plan.facts["aux layers"] = (f"{plan.aux_ids} as inputs of layers (vLLM ids); "
                                         f"{from_input_convention(plan.aux_ids, 'output')} as outputs (SGLang ids)")
             _dry_run(plan)
+    if not checks:
+        return plan
     if plan.dataset and plan.hidden_size and plan.aux_ids:
         per_token = bytes_per_token(plan.hidden_size, len(plan.aux_ids), config.storage_dtype)
         needed = plan.dataset.counts.get("tokens", 0) * per_token

@@ -1,0 +1,49 @@
+"""vLLM 0.11 - 0.21: hidden states through `LLM` with eyas's worker extension (worker.py).
+
+The engine runs eagerly, one sequence at a time, without prefix caching or chunked prefill, so
+each model forward is exactly one whole prompt (max_tokens=1: its one sampled token is never fed
+back). The worker records every forward; each record's tokens are checked against its prompt
+before its features are used, so a forward that is not one whole prompt stops the run.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+from safetensors.torch import load_file
+from vllm import LLM
+
+from eyas.errors import EyasError
+from eyas.target.vllm.engine import engine_arguments, prefill
+
+EXTENSION = "eyas.target.vllm.worker.HiddenStateCapture"
+
+
+class HookedExtractor:
+    """Hidden states of token rows through vLLM's worker extension and forward hooks."""
+
+    def __init__(self, target: Path, layer_ids: list[int], spool: Path, dtype: str, tensor_parallel_size: int,
+                 longest: int, trust_remote_code: bool) -> None:
+        spool.mkdir(parents=True, exist_ok=True)
+        self.spool, self.forwards = spool, 0
+        self.llm = LLM(**engine_arguments(target, dtype, tensor_parallel_size, longest, trust_remote_code),
+                       enforce_eager=True, max_num_seqs=1, worker_extension_cls=EXTENSION)
+        self.llm.collective_rpc("eyas_capture_start", kwargs={"layer_ids": layer_ids})  # after vLLM's warm-up runs
+
+    def hidden_states(self, rows: list[np.ndarray]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Return `(hidden_states [T, n, H], token_ids [T])` per row, in the order of `rows`."""
+        prefill(self.llm, rows)
+        per_worker = self.llm.collective_rpc("eyas_capture_take", kwargs={"spool": str(self.spool), "first": self.forwards})
+        paths = [path for paths in per_worker for path in paths]
+        self.forwards += len(paths)
+        if len(paths) != len(rows):
+            raise EyasError(f"vLLM ran {len(paths)} forward(s) for {len(rows)} prompt(s); expected one whole prompt per "
+                            "forward (eager, one sequence at a time, no chunked prefill)")
+        results = []
+        for path in paths:
+            tensors = load_file(path)
+            Path(path).unlink()
+            results.append((tensors["hidden_states"], tensors["token_ids"]))
+        return results

@@ -1,0 +1,239 @@
+"""The vLLM extraction backend without vLLM or a GPU: the layer layout vLLM returns, the worker's
+residual-stream hooks, a whole `eyas extract --backend vllm` run through a stand-in engine (same
+store as the HF backend, resumable), the refusals on a machine without vLLM or GPU, and that the
+contract's modules are the only ones importing vLLM."""
+
+from __future__ import annotations
+
+import ast
+import sys
+import time
+import types
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+import eyas
+from eyas.config import ExtractConfig
+from eyas.errors import EyasError
+from eyas.features.extract import run_extract
+from eyas.features.preflight import preflight_extract
+from eyas.features.store import FeatureShard, read_store_manifest, verify_store
+from eyas.target.capture import FeatureCapture
+from eyas.target.load import load_target
+from eyas.target.vllm.contract import VLLM_PATHS, VllmPath, path_for
+from eyas.target.vllm.layout import to_sample, vllm_layer_ids
+from eyas.target.vllm.residual import ResidualCapture
+
+
+def test_layout_maps_vllm_columns_to_the_stores_aux_and_last() -> None:
+    aux_ids, layers = [5, 2], 6  # as the user ordered them, input convention
+    requested = vllm_layer_ids(aux_ids, layers)
+    assert requested == [2, 5, 6]  # sorted, unique, with N: what vLLM returns columns for
+    hidden = torch.arange(4 * 3 * 2, dtype=torch.float32).view(4, 3, 2)  # [T, n, H]
+    ids = np.array([7, 8, 9, 10], dtype=np.int32)
+    sample = to_sample(hidden, torch.tensor([7, 8, 9, 10]), requested, aux_ids, layers, 3, ids, np.ones(4, bool), "here")
+    assert torch.equal(sample.aux, torch.cat([hidden[:, 1], hidden[:, 0]], dim=-1))  # input 5, then input 2
+    assert torch.equal(sample.last, hidden[:, 2]) and sample.sample_id == 3
+
+
+def test_layout_refuses_features_of_another_prompt() -> None:
+    requested = [2, 5, 6]
+    hidden = torch.zeros(4, 3, 2)
+    ids = np.array([7, 8, 9, 10], dtype=np.int32)
+    with pytest.raises(EyasError, match=r"data/x: sample 3: .*not sample 3's"):
+        to_sample(hidden, torch.tensor([7, 8, 1, 10]), requested, [2, 5], 6, 3, ids, np.ones(4, bool), "data/x: sample 3")
+    with pytest.raises(EyasError, match=r"shape \(4, 2, 2\)"):
+        to_sample(hidden[:, :2], torch.tensor([7, 8, 9, 10]), requested, [2, 5], 6, 3, ids, np.ones(4, bool), "x")
+
+
+class _FusedNorm(nn.Module):
+    """vLLM's RMSNorm with fused residual add: updates `x` and `residual` in place."""
+
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):  # noqa: ANN201
+        if residual is None:
+            return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)
+        residual.add_(x)
+        x.copy_(residual * torch.rsqrt(residual.pow(2).mean(-1, keepdim=True) + 1e-6))
+        return x, residual
+
+
+class _Layer(nn.Module):
+    def __init__(self, hidden: int) -> None:
+        super().__init__()
+        self.input_layernorm, self.mlp = _FusedNorm(), nn.Linear(hidden, hidden)
+
+    def forward(self, positions: torch.Tensor, hidden_states: torch.Tensor, residual: torch.Tensor | None):  # noqa: ANN201
+        if residual is None:
+            residual, hidden_states = hidden_states.clone(), self.input_layernorm(hidden_states)
+        else:
+            hidden_states, residual = self.input_layernorm(hidden_states, residual)
+        return self.mlp(hidden_states), residual
+
+
+class _VllmStyleModel(nn.Module):
+    """The shape of vLLM's LlamaModel: layers take and return (hidden, residual) unsummed."""
+
+    def __init__(self, layers: int = 4, hidden: int = 8) -> None:
+        super().__init__()
+        self.embed_tokens = nn.Embedding(32, hidden)
+        self.layers = nn.ModuleList(_Layer(hidden) for _ in range(layers))
+        self.norm = _FusedNorm()
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        hidden, residual = self.embed_tokens(input_ids), None
+        for layer in self.layers:
+            hidden, residual = layer(positions, hidden, residual)
+        return self.norm(hidden, residual)[0]
+
+    def streams(self, input_ids: torch.Tensor) -> list[torch.Tensor]:
+        """The residual stream entering each layer and the final norm, summed outside any hook."""
+        hidden, residual, seen = self.embed_tokens(input_ids), None, []
+        for layer in self.layers:
+            seen.append(hidden.clone() if residual is None else hidden + residual)
+            hidden, residual = layer(None, hidden, residual)
+        return [*seen, hidden + residual]
+
+
+def test_worker_hooks_record_the_summed_stream_before_in_place_updates() -> None:
+    torch.manual_seed(0)
+    model = _VllmStyleModel()
+    ids = [torch.tensor([1, 2, 3, 4, 5]), torch.tensor([6, 7, 8])]
+    capture = ResidualCapture(model, [4, 0, 2])
+    with torch.no_grad():
+        for row in ids:
+            model(input_ids=row, positions=torch.arange(len(row)))
+        records = capture.take()
+        expected = [model.streams(row) for row in ids]
+    capture.remove()
+    assert [r["token_ids"].tolist() for r in records] == [row.tolist() for row in ids]
+    for record, streams in zip(records, expected):
+        assert record["hidden_states"].shape == (len(record["token_ids"]), 3, 8)  # [T, n, H], ids ascending
+        for column, layer in enumerate([0, 2, 4]):
+            assert torch.allclose(record["hidden_states"][:, column], streams[layer], atol=1e-6), layer
+    assert capture.take() == []
+
+
+class _StandInEngine:
+    """Plays vLLM for the backend: `hidden_states [T, n, H]` of the requested ids, from transformers hooks."""
+
+    calls = 0
+    fail_after: int | None = None
+
+    def __init__(self, target: Path, layer_ids: list[int], spool: Path, dtype: str, tensor_parallel_size: int,
+                 longest: int, trust_remote_code: bool) -> None:
+        assert spool.is_dir() and spool.name.startswith(".vllm-spool-") and layer_ids == sorted(set(layer_ids))
+        self.parts = load_target(target, torch.float32, "cpu")
+        self.aux = [k for k in layer_ids if k != self.parts.num_layers]
+
+    def hidden_states(self, rows: list[np.ndarray]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        type(self).calls += 1
+        if self.fail_after is not None and type(self).calls > self.fail_after:
+            raise KeyboardInterrupt  # the run is killed here
+        results = []
+        with FeatureCapture(self.parts, self.aux) as capture:
+            for ids in rows:
+                tokens = torch.from_numpy(ids.astype(np.int64))
+                got = capture.run(tokens[None], torch.ones(1, len(ids), dtype=torch.long))
+                per_layer = [*got.aux[0].split(got.last.shape[-1], dim=-1), got.last[0]]
+                results.append((torch.stack(per_layer, dim=1), tokens))  # [T, n, H]
+        return results
+
+
+@pytest.fixture
+def stand_in_vllm(monkeypatch: pytest.MonkeyPatch) -> type[_StandInEngine]:
+    module = types.ModuleType("eyas_stand_in_vllm")
+    module.Engine = _StandInEngine
+    monkeypatch.setitem(sys.modules, "eyas_stand_in_vllm", module)
+    path = VllmPath("stand-in", "0.0.0", None, (), ("0.0.0", "0.0.0"), "eyas_stand_in_vllm:Engine", "test")
+    monkeypatch.setattr("eyas.target.vllm.extractor.usable_path", lambda: ("0.0.0", path))
+    _StandInEngine.calls, _StandInEngine.fail_after = 0, None
+    return _StandInEngine
+
+
+def test_vllm_backend_writes_the_hf_backends_store_and_resumes(weighted_target, prepared, stand_in_vllm,
+                                                               tmp_path: Path) -> None:
+    target = weighted_target("llama")
+    data = prepared(target)
+    common = {"target": target, "data": data, "dtype": "float32", "storage_dtype": "fp32", "shard_tokens": 400,
+              "layers": [5, 2], "layer_convention": "input"}
+    hf = ExtractConfig(out=tmp_path / "hf", **common)
+    run_extract(hf)
+    config = ExtractConfig(out=tmp_path / "vllm", backend="vllm", **common)
+    plan = preflight_extract(hf)  # here the vLLM preflight itself fails: no vLLM, no GPU
+    stand_in_vllm.fail_after = 1
+    with pytest.raises(KeyboardInterrupt):
+        run_extract(config, plan)
+    assert (tmp_path / "vllm" / "progress-rank0.json").is_file() and not (tmp_path / "vllm" / "manifest.json").exists()
+    stand_in_vllm.fail_after = None
+    manifest, reused = run_extract(config, plan)
+    assert not reused and manifest.backend == "vllm 0.0.0 (stand-in)" and manifest.layer_ids == [5, 2]
+    reference = read_store_manifest(tmp_path / "hf")
+    assert reference.backend == "hf" and manifest.run_key != reference.run_key
+    assert [(s.samples, s.tokens) for s in manifest.shards] == [(s.samples, s.tokens) for s in reference.shards]
+    assert verify_store(tmp_path / "vllm") == []
+    assert not list((tmp_path / "vllm").glob(".vllm-spool-*"))
+    for ours, theirs in zip(manifest.shards, reference.shards):  # the HF backend batches rows: float32 rounding apart
+        mine, hf = FeatureShard(tmp_path / "vllm" / ours.file), FeatureShard(tmp_path / "hf" / theirs.file)
+        for position in range(len(hf)):
+            a, b = mine.sample(position), hf.sample(position)
+            assert torch.equal(a["input_ids"], b["input_ids"]) and torch.equal(a["loss_mask"], b["loss_mask"])
+            assert a["aux"].shape[-1] == 2 * manifest.hidden_size
+            assert (a["aux"] - b["aux"]).abs().max() < 1e-4 and (a["last"] - b["last"]).abs().max() < 1e-4
+
+
+def test_without_vllm_or_gpu_extract_fails_in_seconds_with_every_reason(weighted_target, prepared, run_cli,
+                                                                        tmp_path: Path) -> None:
+    target = weighted_target("llama")
+    started = time.perf_counter()
+    result = run_cli("extract", "--target", target, "--data", prepared(target), "--out", tmp_path / "s", "--backend", "vllm")
+    assert result.code != 0 and time.perf_counter() - started < 30
+    assert result.err.count("\n") == 1 and "Traceback" not in result.err
+    assert "vLLM is not installed (pip install vllm; supported: >=0.11.0,<0.22.0" in result.err
+    assert "--backend vllm: needs a CUDA GPU and none is visible" in result.err
+    assert not (tmp_path / "s" / "manifest.json").exists()
+    skipped = run_cli("extract", "--target", target, "--data", prepared(target), "--out", tmp_path / "t", "--backend",
+                      "vllm", "--no-preflight")
+    assert skipped.code != 0 and "vLLM is not installed" in skipped.err and skipped.err.count("\n") == 1
+
+
+def test_preflight_vllm_lists_the_contract_and_names_the_missing_engine(run_cli, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("COLUMNS", "250")  # whole names in the table's cells
+    result = run_cli("preflight", "vllm", "--contract")
+    assert result.code == 1
+    for name in ("vllm.LLM", "collective_rpc", "load_hidden_states", "GPUModelRunner", "prompt_token_ids="):
+        assert name in result.out, name
+    assert "vLLM is not installed" in result.out
+
+
+def test_supported_ranges_are_contiguous_and_pick_one_path() -> None:
+    assert [p.until for p in VLLM_PATHS[:-1]] == [p.since for p in VLLM_PATHS[1:]] and VLLM_PATHS[-1].until is None
+    assert path_for("0.11.0").name == "worker extension" and path_for("0.21.1").name == "worker extension"
+    assert path_for("0.22.0").name == "hidden-states connector" and path_for("0.34.0").name == "hidden-states connector"
+    assert path_for("0.10.2") is None
+    for path in VLLM_PATHS:
+        assert path.covers(path.audited[0]) and path.covers(path.audited[1])
+
+
+def test_only_the_contracts_modules_import_vllm() -> None:
+    root = Path(eyas.__file__).parent
+    contract = {file for path in VLLM_PATHS for file in path.files()}
+    importing = set()
+    for file in root.rglob("*.py"):
+        for node in ast.walk(ast.parse(file.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else []
+            if any(name == "vllm" or name.startswith("vllm.") for name in names):
+                importing.add(file)
+    assert importing == contract
+
+
+def test_worker_extension_methods_cannot_clash_with_the_workers() -> None:
+    worker = Path(eyas.__file__).parent / "target" / "vllm" / "worker.py"
+    extension = next(n for n in ast.parse(worker.read_text()).body if isinstance(n, ast.ClassDef))
+    methods = [n.name for n in extension.body if isinstance(n, ast.FunctionDef)]
+    assert methods and all(name.startswith("eyas_") for name in methods)
+    assert not [n for n in extension.body if isinstance(n, ast.Assign)]  # annotations only: no class attributes
