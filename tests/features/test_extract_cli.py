@@ -73,6 +73,22 @@ def test_rerun_reuses_a_finished_store(weighted_target, prepared, run_cli, tmp_p
     assert again.code == 0 and "already extracted" in again.out
 
 
+def test_no_preflight_skips_the_checks_but_writes_the_same_store(weighted_target, prepared, run_cli, tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    target = weighted_target("llama")
+    assert run_cli(*extract_args(target, prepared(target), tmp_path / "checked")).code == 0
+
+    def no_audit() -> tuple[list[str], dict[str, str]]:
+        raise AssertionError("--no-preflight ran the engine API audit")
+
+    monkeypatch.setattr("eyas.features.preflight.engine_api_problems", no_audit)
+    result = run_cli(*extract_args(target, prepared(target), tmp_path / "unchecked", "--no-preflight"))
+    assert result.code == 0, result.err
+    checked, unchecked = read_store_manifest(tmp_path / "checked"), read_store_manifest(tmp_path / "unchecked")
+    assert [s.sha256 for s in checked.shards] == [s.sha256 for s in unchecked.shards]
+    assert checked.run_key == unchecked.run_key
+
+
 def test_dataset_for_another_target_is_refused_before_weights_load(tiny_targets, weighted_target, prepared, run_cli,
                                                                     tmp_path: Path) -> None:
     data = prepared(tiny_targets["llama3"])  # a different tokenizer and template
