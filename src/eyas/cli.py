@@ -72,13 +72,21 @@ app.add_typer(preflight_app, name="preflight")
 
 @preflight_app.callback(invoke_without_command=True)
 def preflight_engines(context: typer.Context) -> None:
-    """Audit eyas's engine-facing modules against the installed engines (exit 1 on problems)."""
+    """Audit eyas's engine-facing modules against the installed engines, vLLM's backend too when vLLM is
+    installed (exit 1 on problems)."""
     if context.invoked_subcommand is not None:
         return
     from eyas.audit.contract import engine_api_problems
     from eyas.reports import print_preflight
+    from eyas.target.vllm.contract import installed_vllm, vllm_problems
 
     problems, facts = engine_api_problems()
+    if installed_vllm() is None:
+        facts["vLLM"] = "not installed (the vllm extraction backend is unavailable)"
+    else:
+        vllm, vllm_facts = vllm_problems()
+        problems += vllm
+        facts.update(vllm_facts)
     print_preflight(facts, problems)
     if problems:
         raise typer.Exit(1)

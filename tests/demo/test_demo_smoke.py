@@ -40,6 +40,7 @@ def test_smoke_demo_runs_every_stage_and_reuses_them(tmp_path: Path) -> None:
     tree = json.loads((report / "tree" / "report.json").read_text())
     assert tree["decoding"].startswith("tree") and tree["same_as_baseline"] == 2 and tree["prompt_lookup"] is None
     assert (report / "tree" / "acceptance.png").is_file()
+    assert sorted(p.name for p in (report / "training").glob("*.png")) == ["acceptance.png", "accuracy.png", "loss.png"]
     exported = json.loads((report / "draft-vllm" / "config.json").read_text())
     assert exported["architectures"] == ["LlamaForCausalLMEagle3"]
     results = (tmp_path / "run" / "eval" / "results.jsonl").read_text()

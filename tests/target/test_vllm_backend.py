@@ -237,3 +237,12 @@ def test_worker_extension_methods_cannot_clash_with_the_workers() -> None:
     methods = [n.name for n in extension.body if isinstance(n, ast.FunctionDef)]
     assert methods and all(name.startswith("eyas_") for name in methods)
     assert not [n for n in extension.body if isinstance(n, ast.Assign)]  # annotations only: no class attributes
+
+
+def test_bare_preflight_checks_the_vllm_backend_only_when_vllm_is_installed(run_cli,
+                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    clean = run_cli("preflight")
+    assert clean.code == 0 and "vLLM: not installed (the vllm extraction backend is unavailable)" in clean.out
+    monkeypatch.setattr("eyas.target.vllm.contract.installed_vllm", lambda: "0.10.2")
+    old = run_cli("preflight")
+    assert old.code == 1 and "vLLM 0.10.2 is outside the supported releases" in old.out

@@ -2,7 +2,8 @@
 train -> eval -> export, each stage from its section of one YAML file (docs/demo.md).
 
 Every stage reuses what a previous run finished (each has its own run key and resume), so a second
-`make demo` re-prints the report in seconds. The report (report.json, acceptance.png) and the
+`make demo` re-prints the report in seconds. The report (report.json, acceptance.png; the tree
+evaluation's in tree/ when the demo asks for one), the training curves (training/*.png) and the
 vLLM export of the draft are gathered in `OUT/report/`.
 """
 
@@ -29,6 +30,7 @@ def run_demo(config_file: Path) -> Path:
     from eyas.features.extract import run_extract
     from eyas.reports import print_eval_report
     from eyas.train.loop import run_train
+    from eyas.train.plot import plot_run
 
     demo = load_stage_config(DemoConfig, "demo", config_file)
     report = demo.out / "report"
@@ -46,7 +48,8 @@ def run_demo(config_file: Path) -> Path:
     timed("regenerate", lambda: run_regenerate(load_stage_config(RegenerateConfig, "regenerate", config_file)))
     timed("prepare", lambda: run_prepare(load_stage_config(PrepareConfig, "prepare", config_file)))
     timed("extract", lambda: run_extract(load_stage_config(ExtractConfig, "extract", config_file)))
-    timed("train", lambda: run_train(load_stage_config(TrainConfig, "train", config_file)))
+    train = load_stage_config(TrainConfig, "train", config_file)
+    timed("train", lambda: run_train(train))
     eval_config = load_stage_config(EvalConfig, "eval", config_file)
     result = timed("eval", lambda: run_eval(eval_config))
     evaluations = [(report, eval_config, result)]
@@ -59,6 +62,7 @@ def run_demo(config_file: Path) -> Path:
         for name in ("report.json", "acceptance.png"):
             shutil.copy2(config.out / name, directory / name)
     shutil.copytree(export.out, report / f"draft-{export.format}", dirs_exist_ok=True)
+    plot_run(train.out, report / "training")
     for directory, _, evaluation in evaluations:
         print_eval_report(directory, evaluation)
     print("stage seconds (this run): " + ", ".join(f"{k} {v:.0f}" for k, v in timings.items()), file=sys.stderr)
