@@ -207,6 +207,9 @@ def test_preflight_vllm_lists_the_contract_and_names_the_missing_engine(run_cli,
     for name in ("vllm.LLM", "collective_rpc", "load_hidden_states", "GPUModelRunner", "prompt_token_ids="):
         assert name in result.out, name
     assert "vLLM is not installed" in result.out
+    wrong = run_cli("preflight", "vllm", "--against", "transformers==5.18.0")
+    assert wrong.code == 2 and wrong.err.count("\n") == 1
+    assert "--against transformers==5.18.0: expected vllm==VERSION or sdist:vllm==VERSION" in wrong.err
 
 
 def test_supported_ranges_are_contiguous_and_pick_one_path() -> None:

@@ -43,14 +43,14 @@ def run_demo(config_file: Path) -> Path:
         timings[name] = time.perf_counter() - started
         return result
 
-    tree_config = _tree_evaluation(demo, load_stage_config(EvalConfig, "eval", config_file))
+    eval_config = load_stage_config(EvalConfig, "eval", config_file)  # once: the chain and tree passes share it
+    tree_config = _tree_evaluation(demo, eval_config)
     timed("prompts", lambda: write_prompt_files(demo.out / "prompts", demo.train_prompts, demo.seed))
     timed("regenerate", lambda: run_regenerate(load_stage_config(RegenerateConfig, "regenerate", config_file)))
     timed("prepare", lambda: run_prepare(load_stage_config(PrepareConfig, "prepare", config_file)))
     timed("extract", lambda: run_extract(load_stage_config(ExtractConfig, "extract", config_file)))
     train = load_stage_config(TrainConfig, "train", config_file)
     timed("train", lambda: run_train(train))
-    eval_config = load_stage_config(EvalConfig, "eval", config_file)
     result = timed("eval", lambda: run_eval(eval_config))
     evaluations = [(report, eval_config, result)]
     if tree_config is not None:

@@ -114,12 +114,13 @@ def _vllm_checks(config: ExtractConfig, plan: ExtractPlan) -> None:
     a GGUF target, torchrun, a device choice (vLLM places the target itself)."""
     from eyas.distributed import current_ranks
     from eyas.target.vllm.contract import vllm_problems
+    from eyas.target.vllm.extractor import NO_GPU
 
     problems, facts = vllm_problems()
     plan.problems += problems
     plan.facts.update(facts)
     if not torch.cuda.is_available():
-        plan.problems.append("--backend vllm: needs a CUDA GPU and none is visible (use --backend hf on CPU)")
+        plan.problems.append(NO_GPU)
     if is_gguf(config.target):
         plan.problems.append(f"{config.target}: --backend vllm takes a Hugging Face model directory, not a GGUF file")
     if current_ranks().world > 1:
@@ -174,10 +175,10 @@ def preflight_extract(config: ExtractConfig, checks: bool = True) -> ExtractPlan
             plan.problems.append(str(error))
         if checks:
             plan.problems += weight_problems(config.target) + quantization_problems(plan.hf_config, plan.device)
-        if plan.aux_ids and checks:
-            plan.facts["aux layers"] = (f"{plan.aux_ids} as inputs of layers (vLLM ids); "
-                                        f"{from_input_convention(plan.aux_ids, 'output')} as outputs (SGLang ids)")
-            _dry_run(plan)
+            if plan.aux_ids:
+                plan.facts["aux layers"] = (f"{plan.aux_ids} as inputs of layers (vLLM ids); "
+                                            f"{from_input_convention(plan.aux_ids, 'output')} as outputs (SGLang ids)")
+                _dry_run(plan)
     if not checks:
         return plan
     if plan.dataset and plan.hidden_size and plan.aux_ids:

@@ -10,6 +10,7 @@ its range and pins the result.
 from __future__ import annotations
 
 import importlib.metadata
+import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,6 +18,7 @@ from pathlib import Path
 from packaging.version import Version
 
 from eyas.audit.usage import Usage, read_usages
+from eyas.errors import EyasError
 
 HERE = Path(__file__).parent
 
@@ -73,6 +75,24 @@ def supported_ranges() -> str:
     return ", ".join(f"{p.span} ({p.name})" for p in VLLM_PATHS)
 
 
+def release_path(version: str | None) -> VllmPath:
+    """Return the path vLLM `version` runs (None: not installed); refuses a missing vLLM or an unsupported release."""
+    if version is None:
+        raise EyasError(f"vLLM is not installed (pip install vllm; supported: {supported_ranges()})")
+    path = path_for(version)
+    if path is None:
+        raise EyasError(f"vLLM {version} is outside the supported releases: {supported_ranges()}")
+    return path
+
+
+def _spec_version(against: str) -> str:
+    """Return the release of an `--against` SPEC; refuses one that names no vLLM release."""
+    match = re.fullmatch(r"(?:sdist:)?vllm==(\S+)", against)
+    if match is None:
+        raise EyasError(f"--against {against}: expected vllm==VERSION or sdist:vllm==VERSION")
+    return match[1]
+
+
 def contract_uses(path: VllmPath) -> list[Usage]:
     """Return every use of vLLM in `path`'s modules, in file and line order (read from source, nothing imported)."""
     usages, _, _ = read_usages(path.files(), {"vllm"})
@@ -83,17 +103,17 @@ def vllm_problems(against: str | None = None) -> tuple[list[str], dict[str, str]
     """Return one line per problem of the vLLM backend against the installed vLLM (or SPEC `against`), and facts.
 
     A missing vLLM, a release outside the supported ranges and every audit error of the path that
-    release runs are problems; nothing is imported from vLLM.
+    release runs are problems; refuses an `against` that names no vLLM release. Nothing is imported
+    from vLLM.
     """
     from eyas.audit.checks import ERROR
     from eyas.audit.run import run_audit
 
-    version = installed_vllm() if against is None else against.rpartition("==")[2]
-    if version is None:
-        return [f"vLLM is not installed (pip install vllm; supported: {supported_ranges()})"], {}
-    path = path_for(version)
-    if path is None:
-        return [f"vLLM {version} is outside the supported releases: {supported_ranges()}"], {}
+    version = installed_vllm() if against is None else _spec_version(against)
+    try:
+        path = release_path(version)
+    except EyasError as error:
+        return [str(error)], {}
     started = time.perf_counter()
     result = run_audit(path.files(), against or "vllm")
     problems = [f"vLLM API: {f.path}:{f.line}: {f.message}" for f in result.findings if f.severity == ERROR]

@@ -11,21 +11,23 @@ import torch
 from eyas.data.dataset import DatasetReader
 from eyas.errors import EyasError
 from eyas.features.store import SampleFeatures
-from eyas.target.vllm.contract import VllmPath, installed_vllm, path_for, supported_ranges
+from eyas.target.vllm.contract import VllmPath, installed_vllm, release_path
 from eyas.target.vllm.layout import to_sample, vllm_layer_ids
+
+
+NO_GPU = "--backend vllm: needs a CUDA GPU and none is visible (use --backend hf on CPU)"
 
 
 def usable_path() -> tuple[str, VllmPath]:
     """Return the installed vLLM's version and path; refuses a missing vLLM, an unsupported release or no GPU."""
     version = installed_vllm()
-    if version is None:
-        raise EyasError(f"--backend vllm: vLLM is not installed (pip install vllm; supported: {supported_ranges()})")
-    path = path_for(version)
-    if path is None:
-        raise EyasError(f"--backend vllm: vLLM {version} is outside the supported releases: {supported_ranges()}")
+    try:
+        path = release_path(version)
+    except EyasError as error:
+        raise EyasError(f"--backend vllm: {error}") from None
     if not torch.cuda.is_available():
-        raise EyasError("--backend vllm: needs a CUDA GPU and none is visible (use --backend hf on CPU)")
-    return version, path
+        raise EyasError(NO_GPU)
+    return str(version), path
 
 
 def engine_class(path: VllmPath) -> type:
