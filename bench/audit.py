@@ -105,6 +105,8 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from eyas.precision import machine_record
+
 ROOT = Path(__file__).resolve().parent.parent
 TESTS = ROOT / "tests"
 TOOLS = ("eyas", "mypy", "pyright", "griffe")
@@ -573,8 +575,9 @@ def main() -> None:
                                **eyas_warning_fields(case, best)}
                     row.update(best.extra if tool != "eyas" else {})
                 rows[tool] = row
-                print(json.dumps({**line, **row, "settings": settings(tool, case, args, libraries, node)}), flush=True)
-            print(json.dumps(comparison(case, rows)), flush=True)
+                print(json.dumps({**line, **row, "settings": settings(tool, case, args, libraries, node), **machine_record()}),
+                      flush=True)
+            print(json.dumps({**comparison(case, rows), **machine_record()}), flush=True)
     finally:
         if args.keep:
             log(f"kept {work}")

@@ -35,6 +35,7 @@ from eyas.decode.evaluate import eos_ids, prompt_lookup_generate
 from eyas.decode.prompts import read_prompts
 from eyas.decode.sampling import Sampling
 from eyas.draft.model import load_draft
+from eyas.precision import machine_record
 from eyas.target.load import DTYPES, load_target
 from eyas.target.tokenizer import load_tokenizer
 
@@ -113,7 +114,7 @@ def main() -> None:
         rate = totals["tokens"] / totals["seconds"]
         print(json.dumps({
             "bench": "decode", "decoding": shape.describe(), "target": args.target.name, "prompts": len(prompts),
-            "max_new_tokens": args.max_new_tokens, "dtype": args.dtype, "threads": args.threads,
+            "max_new_tokens": args.max_new_tokens, "dtype": args.dtype, "threads": args.threads, **machine_record(),
             "tau": round(1 + sum(rounds) / len(rounds), 3),
             "per_position_acceptance": [round(sum(a > i for a in rounds) / len(rounds), 3) for i in range(shape.depth)],
             "tokens_per_s": round(rate, 2), "baseline_tokens_per_s": round(base_rate, 2),

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from eyas.config import DemoConfig, EvalConfig, load_stage_config
 from eyas.demo.run import run_demo
+from eyas.precision import machine_record
 
 
 def main() -> None:
@@ -33,7 +34,8 @@ def main() -> None:
     reports = [chain] + ([json.loads((report / "tree" / "report.json").read_text())] if demo.tree else [])
     lookup = chain["prompt_lookup"]
     common = {"bench": "demo", "config": str(args.config), "prompts": chain["prompts"],
-              "max_new_tokens": chain["max_new_tokens"], "dtype": settings.dtype, "sampling": chain["sampling"]}
+              "max_new_tokens": chain["max_new_tokens"], "dtype": (chain.get("precision") or {}).get("dtype", settings.dtype),
+              "sampling": chain["sampling"], **(chain.get("machine") or machine_record())}
     for result in reports:
         line = {**common, "decoding": result["decoding"], "tau": round(result["tau"], 3),
                 "per_position_acceptance": [round(a, 3) for a in result["per_position_acceptance"]],

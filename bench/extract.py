@@ -72,6 +72,7 @@ from eyas.config import ExtractConfig, PrepareConfig
 from eyas.data.dataset import DatasetReader
 from eyas.data.prepare import run_prepare
 from eyas.features import store
+from eyas.precision import machine_record
 from eyas.features.extract import length_batches, plan_shards, right_padded, run_extract, sample_features
 from eyas.target.capture import FeatureCapture
 from eyas.target.load import DTYPES, load_target
@@ -210,7 +211,8 @@ def main() -> None:
         shutil.rmtree(tmp / "store-fp8")
         aux_ids = fp8_manifest.layer_ids
         common: dict[str, Any] = {
-            "bench": "extract", "threads": torch.get_num_threads(), "dtype": args.dtype, "hidden": args.hidden,
+            "bench": "extract", "threads": torch.get_num_threads(), **machine_record(), "dtype": args.dtype,
+            "hidden": args.hidden,
             "layers": args.layers, "vocab": json.loads((target / "config.json").read_text(encoding="utf-8"))["vocab_size"],
             "samples": len(reader), "seq_len": args.seq_len, "token_budget": args.token_budget,
             "shard_tokens": shard_tokens, "batches": len(batches), "aux_ids": aux_ids, "repeat": args.repeat,

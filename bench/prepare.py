@@ -48,6 +48,7 @@ from eyas.config import PrepareConfig
 from eyas.data.chat_tokens import ChatEncoder
 from eyas.data.prepare import run_prepare
 from eyas.data.records import Conversation, parse_record
+from eyas.precision import machine_record
 from eyas.target.tokenizer import load_tokenizer
 from eyas.testing.tiny import STYLES, Style, build_tiny_target
 
@@ -202,7 +203,7 @@ def main() -> None:
     args = parser.parse_args()
     style: Style = args.style
     common = {
-        "bench": "prepare", "style": style, "conversations": args.conversations,
+        "bench": "prepare", "style": style, "conversations": args.conversations, **machine_record(),
         "env": {k: os.environ[k] for k in ("RAYON_NUM_THREADS", "TOKENIZERS_PARALLELISM")},
     }
 

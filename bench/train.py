@@ -89,6 +89,7 @@ import torch
 from eyas.draft.attention import AttentionFactory, EagerTTTAttention, causal_document_mask
 from eyas.draft.config import DraftConfig
 from eyas.draft.model import Eagle3Draft
+from eyas.precision import machine_record
 from eyas.draft.objective import StepScorer, Teacher, TeacherHead, weighted_objective
 from eyas.draft.ttt import unroll
 from eyas.train.batches import PackedBatch, collate
@@ -312,7 +313,7 @@ def bench_config(args: argparse.Namespace, seq: int, repeats: int) -> dict[str, 
         "max_loadavg_1m": round(max(run["loadavg_1m"] for variant_runs in runs.values() for run in variant_runs), 2),
         "timing": "one step per variant per batch, each in a fresh process after a warm-up; "
                   "interleaved, order alternating",
-        "threads": args.threads, "device": str(device),
+        "threads": args.threads, **machine_record(), "device": str(device),
     }
 
 

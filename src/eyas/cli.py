@@ -113,7 +113,7 @@ StoreOutOption = Annotated[Optional[Path], typer.Option(help="Feature store dir 
 LayersOption = Annotated[Optional[str], typer.Option(help="Aux layer ids, e.g. 2,16,29 (needs --layer-convention).")]
 ConventionOption = Annotated[Optional[str], typer.Option(help="input (EAGLE/vLLM: input of layer k) or output (SGLang).")]
 StorageOption = Annotated[Optional[str], typer.Option(help="bf16 (default), fp8 (e4m3, per-token scales) or fp32.")]
-DtypeOption = Annotated[Optional[str], typer.Option(help="Dtype the target runs in: bfloat16, float16, float32.")]
+DtypeOption = Annotated[Optional[str], typer.Option(help="Dtype the target runs in: auto (default: bfloat16 where the device computes it natively, else float32), bfloat16, float16, float32.")]
 DeviceOption = Annotated[Optional[str], typer.Option(help="cpu, cuda, cuda:N or auto (spread over GPUs).")]
 BackendOption = Annotated[Optional[str], typer.Option(help="hf (transformers, default) or vllm (CUDA; docs/extract.md).")]
 TensorParallelOption = Annotated[Optional[int], typer.Option(help="vllm backend: GPUs to shard the target over.")]

@@ -19,6 +19,9 @@ from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationError
 from eyas import __version__
 from eyas.errors import EyasError
 from eyas.files import write_text_atomic
+from eyas.precision import DtypeChoice
+
+AUTO_HELP = "auto: bfloat16 where the device computes it natively (CUDA with bf16, a CPU with AVX-512-BF16 or AMX), else float32"
 
 STAGE_NAMES = ("demo", "prepare", "regenerate", "extract", "train", "eval", "export")
 
@@ -69,7 +72,7 @@ class ExtractConfig(StageConfig):
         None, description="how --layers counts: input of layer k (EAGLE, vLLM) or output of layer k (SGLang)"
     )
     storage_dtype: Literal["bf16", "fp8", "fp32"] = Field("bf16", description="dtype of stored features")
-    dtype: Literal["bfloat16", "float16", "float32"] = Field("bfloat16", description="dtype the target runs in")
+    dtype: DtypeChoice = Field("auto", description=f"dtype the target runs in ({AUTO_HELP})")
     device: str | None = Field(None, description="cpu, cuda, cuda:N or auto (device_map over GPUs); default cuda if present")
     token_budget: PositiveInt = Field(8192, description="padded tokens per forward batch")
     shard_tokens: PositiveInt = Field(65536, description="tokens per store shard (host memory grows with this)")
@@ -115,10 +118,9 @@ class TrainConfig(StageConfig):
     device: str | None = Field(None, description="cpu, cuda or cuda:N (default cuda if present; LOCAL_RANK under torchrun)")
     fsdp: bool = Field(False, description="under torchrun: shard the draft's weights, gradients and AdamW moments (FSDP2)")
     preflight: bool = Field(True, description="online: audit eyas's engine API contract before loading the target")
-    dtype: Literal["bfloat16", "float32"] | None = Field(
-        None, description="autocast dtype of the draft (default: bfloat16 on CUDA, float32 on CPU; bfloat16 on a CPU "
-                          "with AVX512-BF16/AMX halves the time)")
-    target_dtype: Literal["bfloat16", "float16", "float32"] = Field("bfloat16", description="dtype of the target parts")
+    dtype: Literal["auto", "bfloat16", "float32"] = Field(
+        "auto", description=f"autocast dtype of the draft; float32 master weights ({AUTO_HELP})")
+    target_dtype: DtypeChoice = Field("auto", description=f"dtype of the target parts ({AUTO_HELP})")
     layers: list[int] | None = Field(None, description="online: aux layer ids (default: EAGLE-3's 3 layers)")
     layer_convention: Literal["input", "output"] | None = Field(None, description="how `layers` counts")
     overwrite: bool = Field(False, description="discard another run in --out")
@@ -142,7 +144,7 @@ class RegenerateConfig(StageConfig):
     seed: int = Field(0, description="batch b samples with seed + b")
     skip_invalid: bool = Field(False, description="skip bad records (listed in rejected.jsonl) instead of stopping")
     device: str | None = Field(None, description="cpu, cuda or cuda:N (default cuda if present)")
-    dtype: Literal["bfloat16", "float16", "float32"] = Field("bfloat16", description="dtype the target runs in")
+    dtype: DtypeChoice = Field("auto", description=f"dtype the target runs in ({AUTO_HELP})")
     overwrite: bool = Field(False, description="replace another regenerate output in --out")
     trust_remote_code: bool = Field(False, description="allow custom model code from the target directory")
 
@@ -163,7 +165,7 @@ class EvalConfig(StageConfig):
     prompt_lookup: int = Field(0, ge=0, description="also time transformers' prompt-lookup decoding with N tokens (0: off)")
     seed: int = Field(0, description="sampling seed")
     device: str | None = Field(None, description="cpu, cuda or cuda:N (default cuda if present)")
-    dtype: Literal["bfloat16", "float16", "float32"] = Field("bfloat16", description="dtype of target and draft")
+    dtype: DtypeChoice = Field("auto", description=f"dtype of target and draft ({AUTO_HELP})")
     overwrite: bool = Field(False, description="replace another report in --out")
     trust_remote_code: bool = Field(False, description="allow custom model code from the target directory")
 
@@ -270,9 +272,14 @@ def load_stage_config(
         raise EyasError(f"invalid {stage} config: {problems}") from None
 
 
-def write_resolved_config(config: StageConfig, stage: str, out_dir: Path) -> Path:
-    """Write `out_dir/config.yaml` (the resolved config, loadable with `--config`); return its path."""
+def write_resolved_config(config: StageConfig, stage: str, out_dir: Path, notes: tuple[str, ...] = ()) -> Path:
+    """Write `out_dir/config.yaml` (the resolved config, loadable with `--config`); return its path.
+
+    `notes` are written as comment lines above the values (e.g. why `dtype: auto` became float32).
+    """
     body = yaml.safe_dump({stage: config.model_dump(mode="json")}, sort_keys=False)
     path = out_dir / "config.yaml"
-    write_text_atomic(path, f"# resolved by eyas {__version__}; rerun with: eyas {stage} --config {path.name}\n{body}")
+    comments = "".join(f"# {note}\n" for note in notes)
+    write_text_atomic(path, f"# resolved by eyas {__version__}; rerun with: eyas {stage} --config {path.name}\n"
+                            f"{comments}{body}")
     return path

@@ -23,14 +23,12 @@ from eyas.decode.verify import Verdict
 from eyas.draft.model import Eagle3Draft, load_draft
 from eyas.target.load import load_target
 from eyas.target.parts import TargetParts
-from eyas.target.tokenizer import load_tokenizer
-from eyas.testing.learned import corpus_conversations
+from eyas.testing.learned import DECODE_NEW_TOKENS, DECODE_SHAPES, decode_prompts
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
-SHAPES = [TreeShape.chain_of(1), TreeShape.chain_of(3), TreeShape.chain_of(6), TreeShape(3, 2, 5),
-          TreeShape(5, 4, 16), TreeShape(6, 8, 40)]
-NEW_TOKENS = 32
+SHAPES = [TreeShape(*shape) for shape in DECODE_SHAPES]
+NEW_TOKENS = DECODE_NEW_TOKENS
 
 
 @pytest.fixture(scope="module")
@@ -39,11 +37,7 @@ def pair(learned: dict[str, Path]) -> tuple[TargetParts, Eagle3Draft, list[list[
     and 10 prompts: held-out-style chat prompts plus raw text."""
     parts = load_target(learned["target"], torch.float64, "cpu")
     draft = load_draft(learned["run"] / "final", parts.embed.weight.detach()).double().eval()
-    tokenizer = load_tokenizer(learned["target"])
-    chats = [tokenizer(tokenizer.apply_chat_template([c[0]], tokenize=False, add_generation_prompt=True),
-                       add_special_tokens=False)["input_ids"] for c in corpus_conversations(7, seed=123)]
-    raw = [tokenizer(text)["input_ids"] for text in ("The quick brown", "def add(a, b):", "Hello! How")]
-    return parts, draft, chats + raw
+    return parts, draft, decode_prompts(learned["target"])
 
 
 def hf_greedy(parts: TargetParts, prompt: list[int], new_tokens: int, eos: int | None) -> list[int]:

@@ -36,3 +36,12 @@ def test_shipped_sizes_have_every_stage_under_their_own_out(size: str) -> None:
         assert stage in doc, stage
         outputs = [str(v) for k, v in doc[stage].items() if k in ("out", "prompts", "data", "features", "draft")]
         assert all(str(demo.out) in value for value in outputs), (stage, outputs)
+
+
+@pytest.mark.parametrize("size", ["smoke", "small", "full"])
+def test_shipped_sizes_leave_every_compute_dtype_to_auto(size: str) -> None:
+    """bfloat16 is emulated (several times slower) on CPUs without AVX-512-BF16/AMX: no size may force it."""
+    doc = yaml.safe_load((SIZES / f"{size}.yaml").read_text())
+    dtypes = {stage: section[key] for stage, section in doc.items() for key in ("dtype", "target_dtype")
+              if key in section}
+    assert dtypes and set(dtypes.values()) == {"auto"}, dtypes

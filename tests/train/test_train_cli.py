@@ -21,6 +21,7 @@ from eyas.draft.config import read_draft_config
 from eyas.errors import EyasError
 from eyas.features.extract import run_extract
 from eyas.features.store import read_store_manifest
+from eyas.precision import cpu_features
 from eyas.train.setup import check_store_matches
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "data"
@@ -243,9 +244,10 @@ def test_inputs_changed_under_the_same_paths_are_not_reused(inputs: Inputs, run_
     assert "holds an eyas training run made from other inputs or settings" in err
 
 
-def test_cpu_runs_float32_unless_bfloat16_autocast_is_asked(inputs: Inputs, run_cli, tmp_path: Path,
-                                                            monkeypatch: pytest.MonkeyPatch) -> None:
-    """`train.dtype=bfloat16` puts the draft's forward under bfloat16 autocast on CPU too; the default stays float32."""
+def test_cpu_autocast_is_auto_unless_a_dtype_is_asked(inputs: Inputs, run_cli, tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """`train.dtype=bfloat16` puts the draft's forward under bfloat16 autocast on CPU too; the default (auto) is
+    bfloat16 only on a CPU that computes it natively, float32 elsewhere, and says which and why."""
     seen: dict[str, set[torch.dtype]] = {}
     linear = torch.nn.Linear.forward
 
@@ -255,14 +257,22 @@ def test_cpu_runs_float32_unless_bfloat16_autocast_is_asked(inputs: Inputs, run_
         return out
 
     monkeypatch.setattr(torch.nn.Linear, "forward", recording)
-    for current, extra in (("default", []), ("bfloat16", ["train.dtype=bfloat16"])):
+    native = cpu_features().native_bfloat16
+    for current, extra in (("default", []), ("bfloat16", ["train.dtype=bfloat16"]), ("float32", ["train.dtype=float32"])):
         seen[current] = set()
         result = run_cli("train", "--features", inputs.store, "--out", tmp_path / current, "--max-steps", "2",
                          *SMALL, *extra)
         assert result.code == 0, result.err
         losses = [line["loss"] for line in metric_lines(tmp_path / current, "train")]
         assert losses and all(math.isfinite(loss) for loss in losses)
-    assert seen["default"] == {torch.float32}
+        summary = json.loads((tmp_path / current / "summary.json").read_text())
+        assert summary["precision"]["dtype"]["dtype"] == ("bfloat16" if current == "bfloat16" or
+                                                          (current == "default" and native) else "float32")
+    assert seen["default"] == ({torch.bfloat16} if native else {torch.float32})
     assert seen["bfloat16"] == {torch.bfloat16}
+    assert seen["float32"] == {torch.float32}
+    resolved = (tmp_path / "default" / "config.yaml").read_text()
+    assert f"# dtype auto -> {'bfloat16' if native else 'float32'}: " in resolved
+    assert "  dtype: auto" not in resolved  # the resolved config holds what ran
     weights = load_file(str(tmp_path / "bfloat16" / "final" / "model.safetensors"))
     assert all(t.dtype == torch.float32 for n, t in weights.items() if t.is_floating_point())  # master weights

@@ -45,11 +45,12 @@ def train_command(store: Path, out: Path, grad_accum: int, *extra: str, launcher
                   token_budget: int = 512) -> list[str]:
     """6 steps over 4 micro-batches per epoch (rows <= 128 tokens, 512-token micro-batches; 5 with a
     384-token budget): the epoch boundaries, a mid-epoch checkpoint at step 3 and held-out evaluations
-    (one micro-batch) every 2 steps are all crossed."""
+    (one micro-batch) every 2 steps are all crossed. float32 autocast on every CPU: these runs compare
+    exact sums across rank counts, which bfloat16 rounding (auto on AVX-512-BF16 CPUs) would blur."""
     prefix = [*launcher, "-m", "eyas"] if launcher else [EYAS]  # as docs/train.md runs torchrun
     return [*prefix, "train", "--features", str(store), "--out", str(out), "--max-steps", str(STEPS),
             "--grad-accum", str(grad_accum), "--ttt-steps", "2", "--token-budget", str(token_budget), "--device", "cpu",
-            "row_tokens=128", "log_every=1", "save_every=3", "eval_every=2", *extra]
+            "row_tokens=128", "log_every=1", "save_every=3", "eval_every=2", "dtype=float32", *extra]
 
 
 @pytest.fixture(scope="module")

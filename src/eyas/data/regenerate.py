@@ -25,9 +25,10 @@ from eyas.decode.prompts import chat_messages
 from eyas.errors import EyasError
 from eyas.files import sha256_file, sha256_text, write_json_atomic, write_text_atomic
 from eyas.outputs import claim_output_dir
+from eyas.precision import choose_dtype
 from eyas.progress import stage_progress
 from eyas.target.fingerprint import target_fingerprint
-from eyas.target.load import DTYPES, load_target, resolve_device
+from eyas.target.load import load_target, resolve_device
 from eyas.target.tokenizer import load_tokenizer
 from eyas.train.batches import group_under_budget
 
@@ -147,6 +148,8 @@ def _finished(path: Path, batches: list[list[Prompt]]) -> int:
 
 def run_regenerate(config: RegenerateConfig) -> RegenerateResult:
     """Answer every prompt with the target (or finish a killed run); return what was written."""
+    precision = choose_dtype(config.dtype, config.device, "regenerate dtype")
+    config = config.model_copy(update={"dtype": precision.dtype})
     tokenizer = load_tokenizer(config.target, config.trust_remote_code)
     if not tokenizer.chat_template:
         raise EyasError(f"{config.target}: the tokenizer has no chat template; regenerate answers chat prompts")
@@ -160,14 +163,15 @@ def run_regenerate(config: RegenerateConfig) -> RegenerateResult:
     progress = config.out / PROGRESS
     existing = {json.loads(progress.read_text(encoding="utf-8"))["run_key"]} if progress.is_file() else set()
     claim_output_dir(config.out, run_key, existing, _OWN, config.overwrite, "an eyas regenerate output")
-    write_json_atomic(progress, {"run_key": run_key, "prompts": len(prompts), "rejected": len(rejected)})
-    write_resolved_config(config, "regenerate", config.out)
+    write_json_atomic(progress, {"run_key": run_key, "prompts": len(prompts), "rejected": len(rejected),
+                                 "precision": precision.record()})
+    write_resolved_config(config, "regenerate", config.out, (precision.note("dtype"),))
     write_text_atomic(config.out / REJECTED, "".join(json.dumps(r) + "\n" for r in rejected))
     batches = plan_batches(prompts, config.max_new_tokens, config.token_budget)
     done = _finished(config.out / CONVERSATIONS, batches)
     new_tokens = 0
     if done < len(batches):
-        parts = load_target(config.target, DTYPES[config.dtype], resolve_device(config.device), config.trust_remote_code)
+        parts = load_target(config.target, precision.torch_dtype, resolve_device(config.device), config.trust_remote_code)
         started = time.perf_counter()
         with open(config.out / CONVERSATIONS, "a", encoding="utf-8") as handle, stage_progress() as bar:
             task = bar.add_task("regenerate", total=len(prompts), completed=sum(len(b) for b in batches[:done]), rate="")

@@ -26,9 +26,10 @@ from eyas.draft.model import load_draft
 from eyas.errors import EyasError
 from eyas.files import sha256_file, sha256_text, write_json_atomic, write_text_atomic
 from eyas.outputs import claim_output_dir
+from eyas.precision import choose_dtype
 from eyas.progress import stage_progress
 from eyas.target.fingerprint import target_fingerprint
-from eyas.target.load import DTYPES, load_config, load_target, resolve_device
+from eyas.target.load import load_config, load_target, resolve_device
 from eyas.target.parts import TargetParts
 from eyas.target.tokenizer import load_tokenizer
 
@@ -100,6 +101,8 @@ def _read_results(path: Path) -> list[dict[str, Any]]:
 
 def run_eval(config: EvalConfig) -> EvalReport:
     """Evaluate (or finish evaluating) the draft on the prompts; return the report written to `config.out`."""
+    precision = choose_dtype(config.dtype, config.device, "eval dtype")
+    config = config.model_copy(update={"dtype": precision.dtype})
     shape = decoding_shape(config)
     sampling = Sampling(config.temperature, config.top_p, config.top_k)
     draft_config = read_draft_config(config.draft)
@@ -119,12 +122,12 @@ def run_eval(config: EvalConfig) -> EvalReport:
     existing = {json.loads(progress.read_text(encoding="utf-8"))["run_key"]} if progress.is_file() else set()
     claim_output_dir(config.out, run_key, existing, _OWN, config.overwrite, "an eyas eval report")
     write_json_atomic(progress, {"run_key": run_key, "prompts": len(prompts)})
-    write_resolved_config(config, "eval", config.out)
+    write_resolved_config(config, "eval", config.out, (precision.note("dtype"),))
     results = _read_results(config.out / RESULTS)
     done = {line["prompt"] for line in results}
 
     if len(done) < len(prompts):
-        dtype = DTYPES[config.dtype]
+        dtype = precision.torch_dtype
         parts = load_target(config.target, dtype, device, config.trust_remote_code)
         draft = load_draft(config.draft, parts.embed.weight.detach()).to(device=device, dtype=dtype).eval()
         eos = eos_ids(parts, tokenizer)
@@ -146,6 +149,6 @@ def run_eval(config: EvalConfig) -> EvalReport:
                 results.append(line)
                 rounds = [a for r in results for a in r["accepted"]]
                 bar.update(task, advance=1, rate=f"tau {sum(rounds) / max(1, len(rounds)) + 1:.2f}")
-    report = summarize(sorted(results, key=lambda r: r["prompt"]), shape, sampling, config)
+    report = summarize(sorted(results, key=lambda r: r["prompt"]), shape, sampling, config, precision)
     write_report(config.out, report)
     return report

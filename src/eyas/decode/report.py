@@ -12,12 +12,13 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 from eyas.config import EvalConfig
 from eyas.decode.drafting import TreeShape
 from eyas.decode.sampling import Sampling
 from eyas.files import write_atomic, write_json_atomic
+from eyas.precision import Precision, machine_record
 
 REPORT = "report.json"
 TAU_DEFINITION = ("pooled over all prompts: (accepted draft tokens + 1) summed over the verification forwards, "
@@ -42,14 +43,17 @@ class EvalReport(BaseModel):
     sampling: dict[str, float]
     max_new_tokens: int
     prompt_lookup: dict[str, float] | None = None
+    precision: dict[str, object] | None = Field(None, description="the dtype of target and draft and why (eyas.precision)")
+    machine: dict[str, object] | None = Field(None, description="CPU capability and torch threads of the summarizing run")
 
 
 def _rate(tokens: int, seconds: float) -> float:
     return tokens / seconds if seconds > 0 else 0.0
 
 
-def summarize(results: list[dict[str, Any]], shape: TreeShape, sampling: Sampling, config: EvalConfig) -> EvalReport:
-    """Return the report of the per-prompt `results` lines."""
+def summarize(results: list[dict[str, Any]], shape: TreeShape, sampling: Sampling, config: EvalConfig,
+              precision: Precision) -> EvalReport:
+    """Return the report of the per-prompt `results` lines, decoded in `precision`."""
     rounds = [a for r in results for a in r["accepted"]]
     tokens, seconds = sum(r["new_tokens"] for r in results), sum(r["seconds"] for r in results)
     base_tokens, base_seconds = sum(r["baseline_new_tokens"] for r in results), sum(r["baseline_seconds"] for r in results)
@@ -69,7 +73,8 @@ def summarize(results: list[dict[str, Any]], shape: TreeShape, sampling: Samplin
         draft_forwards=sum(r["draft_forwards"] for r in results), new_tokens=tokens, prompts=len(results),
         same_as_baseline=sum(r["same_tokens"] for r in results), decoding=shape.describe(),
         sampling={"temperature": sampling.temperature, "top_p": sampling.top_p, "top_k": float(sampling.top_k)},
-        max_new_tokens=config.max_new_tokens, prompt_lookup=lookup,
+        max_new_tokens=config.max_new_tokens, prompt_lookup=lookup, precision=precision.record(),
+        machine=machine_record(),
     )
 
 

@@ -30,6 +30,7 @@ from eyas.features import store
 from eyas.features.preflight import ExtractPlan, preflight_extract
 from eyas.files import sha256_text, write_json_atomic
 from eyas.outputs import claim_output_dir
+from eyas.precision import Precision, choose_dtype
 from eyas.progress import stage_progress
 from eyas.target.capture import FeatureCapture
 from eyas.target.load import DTYPES, load_target
@@ -145,7 +146,7 @@ def _feature_source(config: ExtractConfig, plan: ExtractPlan, reader: DatasetRea
 
 
 def _merge(config: ExtractConfig, plan: ExtractPlan, run_key: str, world: int, shard_count: int,
-           backend: str) -> store.StoreManifest:
+           backend: str, precision: Precision) -> store.StoreManifest:
     shards: list[store.ShardInfo] = []
     for rank in range(world):
         path = config.out / _PROGRESS.format(rank=rank)
@@ -161,7 +162,7 @@ def _merge(config: ExtractConfig, plan: ExtractPlan, run_key: str, world: int, s
         dataset_path=str(config.data), dataset_fingerprint=plan.dataset.fingerprint, layer_ids=plan.aux_ids,
         requested_layers={"ids": config.layers, "convention": config.layer_convention},
         num_layers=plan.num_layers, hidden_size=plan.hidden_size, storage_dtype=config.storage_dtype,
-        compute_dtype=config.dtype, backend=backend, samples=sum(s.samples for s in shards), tokens=tokens, bytes=size,
+        compute_dtype=config.dtype, precision=precision.record(), backend=backend, samples=sum(s.samples for s in shards), tokens=tokens, bytes=size,
         bytes_per_token=round(size / max(tokens, 1), 2), shards=shards,
     )
     write_json_atomic(config.out / store.MANIFEST, manifest.model_dump(mode="json"))
@@ -177,6 +178,8 @@ def run_extract(config: ExtractConfig, plan: ExtractPlan | None = None) -> tuple
     is resolved) and refuses to load weights when it finds any problem.
     """
     ranks = current_ranks()
+    precision = choose_dtype(config.dtype, config.device, "extract dtype")
+    config = config.model_copy(update={"dtype": precision.dtype})
     plan = plan or preflight_extract(config, checks=config.preflight)
     if not plan.ok:
         raise EyasError(f"preflight found {len(plan.problems)} problem(s): " + " | ".join(plan.problems))
@@ -185,7 +188,7 @@ def run_extract(config: ExtractConfig, plan: ExtractPlan | None = None) -> tuple
     device = rank_device(ranks, plan.device)
     if ranks.rank == 0:
         _claim_output(config, run_key)
-        write_resolved_config(config, "extract", config.out)
+        write_resolved_config(config, "extract", config.out, (precision.note("dtype"),))
     barrier(ranks)
     if (config.out / store.MANIFEST).is_file():  # claimed: a manifest left in place is this very run's
         return store.read_store_manifest(config.out), True
@@ -219,7 +222,7 @@ def run_extract(config: ExtractConfig, plan: ExtractPlan | None = None) -> tuple
                 progress.shards.append(info)
                 write_json_atomic(progress_path, progress.model_dump(mode="json"))
     barrier(ranks)
-    manifest = _merge(config, plan, run_key, ranks.world, len(spans), backend) if ranks.rank == 0 else None
+    manifest = _merge(config, plan, run_key, ranks.world, len(spans), backend, precision) if ranks.rank == 0 else None
     barrier(ranks)
     if ranks.rank != 0:
         manifest = store.read_store_manifest(config.out)

@@ -85,6 +85,7 @@ class StoreManifest(BaseModel):
     hidden_size: int
     storage_dtype: StorageDtype
     compute_dtype: str
+    precision: dict[str, object] | None = Field(None, description="how compute_dtype was chosen (eyas.precision)")
     backend: str = Field("hf", description="what computed the features: hf, or vllm VERSION (path)")
     samples: int
     tokens: int

@@ -26,6 +26,7 @@ from eyas.draft.objective import StepScorer, StepSums, TeacherHead, loss_token_c
 from eyas.errors import EyasError
 from eyas.files import sha256_text, write_json_atomic, write_text_atomic
 from eyas.outputs import claim_output_dir
+from eyas.precision import choose_dtype, machine_record
 from eyas.progress import stage_progress
 from eyas.target.capture import FeatureCapture
 from eyas.target.head import TargetHead, head_of, load_target_head
@@ -79,11 +80,6 @@ def lr_factor(step: int, total: int, warmup: int, floor: float) -> float:
     return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
 
 
-def _draft_autocast(config: TrainConfig, device: torch.device) -> bool:
-    """Return whether the draft runs under bfloat16 autocast: as configured, else on CUDA only."""
-    return config.dtype == "bfloat16" if config.dtype is not None else device.type == "cuda"
-
-
 class _Trainer:
     def __init__(self, config: TrainConfig, setup: TrainSetup, ranks: Ranks, device: torch.device,
                  run_key: str) -> None:
@@ -106,7 +102,7 @@ class _Trainer:
         self.draft.t2d.copy_(t2d)
         set_embedding(self.draft, head.embed.float())
         self.draft.to(device)
-        self.model = TTTLoss(self.draft, config.ttt_steps, autocast=_draft_autocast(config, device))
+        self.model = TTTLoss(self.draft, config.ttt_steps, autocast=config.dtype == "bfloat16")
         self.sharded = config.fsdp and ranks.distributed
         if self.sharded:
             shard(self.model, device, ranks.world)
@@ -281,13 +277,16 @@ def run_train(config: TrainConfig) -> TrainResult:
             raise EyasError(f"preflight found {len(problems)} problem(s): " + " | ".join(problems))
     device_name = rank_device(ranks, resolve_device(config.device))
     init_distributed(ranks, device_name)
+    precisions = {"dtype": choose_dtype(config.dtype, device_name, "train dtype (draft autocast)"),
+                  "target_dtype": choose_dtype(config.target_dtype, device_name, "train target_dtype")}
+    config = config.model_copy(update={field: choice.dtype for field, choice in precisions.items()})
     run_key = _run_key(config, setup, ranks.world)
     out = config.out
     if ranks.rank == 0:
         resuming = claim_output_dir(out, run_key, _existing_keys(out), _OWN, config.overwrite, "an eyas training run")
         if config.resume and not resuming:
             raise EyasError(f"{out}: --resume: no checkpoint of this run to resume from")
-        write_resolved_config(config, "train", out)
+        write_resolved_config(config, "train", out, tuple(choice.note(field) for field, choice in precisions.items()))
     barrier(ranks)
     if (out / SUMMARY).is_file():
         summary = json.loads((out / SUMMARY).read_text(encoding="utf-8"))
@@ -356,6 +355,8 @@ def run_train(config: TrainConfig) -> TrainResult:
         write_draft(setup.draft_config, weights, out / "final")
         write_json_atomic(out / SUMMARY, {"run_key": run_key, "steps": state.step, "final": last_train, "eval": last_eval,
                                           "best_step": state.best_step, "best_implied_tau": state.best_tau,
-                                          "ranks": ranks.world, "fsdp": trainer.sharded, **parameter_counts(trainer.draft)})
+                                          "ranks": ranks.world, "fsdp": trainer.sharded, **parameter_counts(trainer.draft),
+                                          "precision": {field: choice.record() for field, choice in precisions.items()},
+                                          "machine": machine_record()})
     barrier(ranks)
     return TrainResult(out, state.step, last_train, last_eval, False)
