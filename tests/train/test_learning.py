@@ -17,10 +17,13 @@ from eyas.testing.learned import draft_accuracy
 
 def test_draft_beats_unigram_and_implies_a_long_acceptance(learned: dict[str, Path]) -> None:
     """`learned` trained the draft (60 steps, `eyas train`'s code path); check it against the model."""
+    # Thresholds from bench/learned_spread.py (3 seeds x kernels default/avx2, docs/benchmarks.md): the
+    # weakest working pair had accuracy 0.685 (unigram + 0.657) and implied tau 2.374; kernel families
+    # alone moved them by up to 0.022 and 0.118: each threshold sits at least 3 such spreads below.
     accuracy, baseline = draft_accuracy(learned)
     assert accuracy >= 0.6 and accuracy >= baseline + 0.4, (accuracy, baseline)
 
     held_out = [json.loads(line) for line in (learned["run"] / "metrics.jsonl").read_text().splitlines()]
     final_eval = [m for m in held_out if m["split"] == "eval"][-1]
     assert abs(final_eval["acc_0"] - accuracy) < 0.05  # the trainer's teacher agrees with the model's logits
-    assert final_eval["implied_tau"] >= 2.4, final_eval  # chain of 3: at most 4
+    assert final_eval["implied_tau"] >= 2.0, final_eval  # chain of 3: at most 4
