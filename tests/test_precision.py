@@ -38,16 +38,19 @@ def test_auto_is_the_default_of_every_stage(stage: type) -> None:
 
 def test_auto_is_float32_where_bfloat16_is_emulated(cpu, capsys: pytest.CaptureFixture[str]) -> None:
     cpu(AVX2)
-    chosen = choose_dtype("auto", "cpu", "extract dtype")
+    chosen = choose_dtype("auto", "cpu")
     assert (chosen.dtype, chosen.requested, chosen.emulated) == ("float32", "auto", False)
     assert "AVX2" in chosen.reason and "emulated" in chosen.reason
-    choose_dtype("auto", "cpu", "extract dtype")  # the same choice again: said once
+    assert capsys.readouterr().err == ""  # choosing says nothing; the stage announces once it starts
+    chosen.announce("extract dtype")
+    choose_dtype("auto", "cpu").announce("extract dtype")  # the same choice again: said once
     assert capsys.readouterr().err.splitlines() == [f"eyas: extract dtype auto -> float32: {chosen.reason}"]
 
 
 def test_auto_is_bfloat16_where_the_cpu_has_avx512_bf16_or_amx(cpu, capsys: pytest.CaptureFixture[str]) -> None:
     cpu(SAPPHIRE)
-    chosen = choose_dtype("auto", "cpu", "eval dtype")
+    chosen = choose_dtype("auto", "cpu")
+    chosen.announce("eval dtype")
     assert (chosen.dtype, chosen.emulated) == ("bfloat16", False)
     assert "AVX-512-BF16 and AMX-BF16" in chosen.reason
     assert capsys.readouterr().err.startswith("eyas: eval dtype auto -> bfloat16: this CPU has AVX-512-BF16")
@@ -56,16 +59,21 @@ def test_auto_is_bfloat16_where_the_cpu_has_avx512_bf16_or_amx(cpu, capsys: pyte
 def test_an_explicit_dtype_is_honoured_and_warned_once_when_emulated(cpu, capsys: pytest.CaptureFixture[str]) -> None:
     cpu(AVX2)
     for _ in range(2):
-        chosen = choose_dtype("bfloat16", "cpu", "regenerate dtype")
+        chosen = choose_dtype("bfloat16", "cpu")
+        chosen.announce("regenerate dtype")
     assert (chosen.dtype, chosen.emulated) == ("bfloat16", True)
     err = capsys.readouterr().err.splitlines()
     assert len(err) == 1 and err[0].startswith("eyas: warning: regenerate dtype bfloat16 is slow here: ")
     assert err[0].endswith("(dtype auto would pick float32)")
-    assert choose_dtype("float32", "cpu", "regenerate dtype").dtype == "float32"
-    assert choose_dtype("float16", "cpu", "regenerate dtype").emulated  # no AVX-512-FP16 / AMX-FP16
+    assert choose_dtype("float32", "cpu").dtype == "float32"
+    half = choose_dtype("float16", "cpu")
+    half.announce("regenerate dtype")
+    assert half.emulated  # no AVX-512-FP16 / AMX-FP16
     assert "regenerate dtype float16 is slow here" in capsys.readouterr().err
     cpu(SAPPHIRE)
-    assert not choose_dtype("bfloat16", "cpu", "regenerate dtype").emulated
+    native = choose_dtype("bfloat16", "cpu")
+    native.announce("regenerate dtype")
+    assert not native.emulated
     assert capsys.readouterr().err == ""  # a native explicit dtype is not stated
 
 
@@ -77,7 +85,7 @@ def test_cuda_auto_follows_the_devices_bf16_support(cpu, monkeypatch: pytest.Mon
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda *_: "GPU-X")
     for supported, expected in ((True, "bfloat16"), (False, "float32")):
         monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *_, s=supported: s)
-        chosen = choose_dtype("auto", "cuda:0", "extract dtype")
+        chosen = choose_dtype("auto", "cuda:0")
         assert chosen.dtype == expected and "GPU-X" in chosen.reason
 
 

@@ -6,8 +6,11 @@ command that needs them, so `eyas --help` stays fast.
 
 from __future__ import annotations
 
+import os
+import signal
 import sys
 from pathlib import Path
+from types import FrameType
 from typing import Annotated, Optional
 
 import typer
@@ -145,7 +148,8 @@ def extract(
 
 @app.command()
 def verify(store: Annotated[Path, typer.Argument(help="Feature store dir.")]) -> None:
-    """Recompute every checksum of a feature store and check it against its manifest (exit 1 on any problem)."""
+    """Recompute every checksum of a feature store, check it against its manifest and its features for NaN/Inf
+    (exit 1 on any problem)."""
     from eyas.features.store import verify_store
 
     problems = verify_store(store)
@@ -153,7 +157,7 @@ def verify(store: Annotated[Path, typer.Argument(help="Feature store dir.")]) ->
         print(f"eyas verify: {problem}", file=sys.stderr)
     if problems:
         raise typer.Exit(1)
-    print(f"{store}: ok (every shard checksum and shape matches the manifest)")
+    print(f"{store}: ok (every shard checksum and shape matches the manifest; every feature is finite)")
 
 
 @preflight_app.command("vllm")
@@ -385,8 +389,27 @@ def audit(
         raise typer.Exit(1)
 
 
+class Terminated(BaseException):
+    """SIGTERM arrived; raised in the main thread so that every `finally` runs (temporary files go)."""
+
+
+def _terminate(signum: int, frame: FrameType | None) -> None:
+    """The SIGTERM handler: ignore further SIGTERMs while unwinding, and raise `Terminated`."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    raise Terminated
+
+
 def main() -> None:
-    """Entry point: run the app; user errors print one line on stderr and exit 2."""
+    """Entry point: run the app; user errors print one line on stderr and exit 2, SIGTERM stops cleanly (143).
+
+    Ranks started by torchrun keep SIGTERM's default action: torchrun sends it to the ranks left when
+    one fails, and a rank blocked in a collective cannot run a Python handler (torchrun would SIGKILL
+    it 30 s later); their rerun resumes as after `kill -9`.
+    """
+    handler = _terminate if os.environ.get("WORLD_SIZE", "1") == "1" else signal.SIG_DFL
+    previous = signal.signal(signal.SIGTERM, handler)
+    if not sys.stderr.isatty():  # like eyas's own bars (eyas.progress): none in logs and captured output
+        os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     try:
         app()
     except EyasError as error:
@@ -395,3 +418,8 @@ def main() -> None:
     except KeyboardInterrupt:
         print("eyas: interrupted; rerun the same command to resume", file=sys.stderr)
         sys.exit(130)
+    except Terminated:
+        print("eyas: terminated (SIGTERM); rerun the same command to resume", file=sys.stderr)
+        sys.exit(128 + signal.SIGTERM)
+    finally:
+        signal.signal(signal.SIGTERM, previous)  # in-process callers (tests) get theirs back

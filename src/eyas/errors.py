@@ -11,6 +11,16 @@ class EyasError(Exception):
     exit_code = 2
 
 
+class DiskFull(EyasError):
+    """The disk (or quota) filled up while writing `path`; `reason` is the OS's wording."""
+
+    def __init__(self, path: Path, reason: str) -> None:
+        self.path = path
+        self.reason = reason
+        super().__init__(f"{path}: disk full ({reason}) while writing it; free space and rerun the same command "
+                         "to resume")
+
+
 class InputError(EyasError):
     """Bad input data, located as `file:line: field: problem`."""
 

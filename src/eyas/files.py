@@ -2,18 +2,27 @@
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
-from collections.abc import Callable
+import re
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from types import TracebackType
 from typing import Any
 
-from eyas.errors import EyasError
+from safetensors import SafetensorError
+
+from eyas.errors import DiskFull, EyasError
 
 _CHUNK = 1 << 20
 _UMASK = os.umask(0)
 os.umask(_UMASK)
+LOCK_FILE = ".eyas-lock"  # an output directory's lock (eyas.outputs); part of no content hash
+_FULL = (errno.ENOSPC, errno.EDQUOT)
+_RUST_OS_ERROR = re.compile(r"\(os error (\d+)\)")  # how safetensors' Rust writer reports an I/O errno
 
 
 def sha256_file(path: Path) -> str:
@@ -26,11 +35,12 @@ def sha256_file(path: Path) -> str:
 
 
 def sha256_tree(path: Path) -> str:
-    """Return a hex sha256 over every file under `path` (relative names and contents), or of `path` itself if a file."""
+    """Return a hex sha256 over every file under `path` (relative names and contents; an output
+    directory's lock file left out), or of `path` itself if a file."""
     if path.is_file():
         return sha256_file(path)
     digest = hashlib.sha256()
-    for child in sorted(p for p in path.rglob("*") if p.is_file()):
+    for child in sorted(p for p in path.rglob("*") if p.is_file() and p.name != LOCK_FILE):
         digest.update(f"{child.relative_to(path)}\0{sha256_file(child)}\n".encode())
     return digest.hexdigest()
 
@@ -40,18 +50,47 @@ def sha256_text(text: str) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
+def _full_disk_reason(error: BaseException) -> str | None:
+    """Return the OS's words for a full disk or quota when `error` (an OSError, or safetensors' Rust
+    I/O error) reports one, else None."""
+    code = error.errno if isinstance(error, OSError) else None
+    if isinstance(error, SafetensorError) and (found := _RUST_OS_ERROR.search(str(error))):
+        code = int(found.group(1))
+    return os.strerror(code) if code in _FULL else None
+
+
+@contextmanager
+def writing(path: Path) -> Iterator[None]:
+    """Run a block that writes `path`; a full disk or quota becomes one `DiskFull` error naming `path`.
+
+    The one place eyas turns ENOSPC/EDQUOT into a user error: from Python writes (OSError) and from
+    safetensors' Rust writer (SafetensorError). Nested blocks name the outermost `path` (a checkpoint
+    directory rather than a file in its temporary twin). Any other error passes unchanged.
+    """
+    try:
+        yield
+    except DiskFull as full:
+        raise DiskFull(path, full.reason) from None
+    except (OSError, SafetensorError) as error:
+        reason = _full_disk_reason(error)
+        if reason is None:
+            raise
+        raise DiskFull(path, reason) from None
+
+
 def write_atomic(path: Path, write: Callable[[Path], None]) -> None:
     """Call `write(tmp)` on a temporary sibling of `path`, fsync it, then rename it to `path`.
 
     A reader (or a resumed run) sees either the old file or the complete new one, never a
-    partial file. The temporary file is removed if `write` raises.
+    partial file. The temporary file is removed if `write` raises; a full disk raises `DiskFull`.
     """
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
-        write(tmp)
-        with open(tmp, "rb+") as handle:
-            os.fsync(handle.fileno())
+        with writing(path):
+            write(tmp)
+            with open(tmp, "rb+") as handle:
+                os.fsync(handle.fileno())
         os.chmod(tmp, 0o666 & ~_UMASK)  # some writers (safetensors) create 0600 files
         os.replace(tmp, path)
     finally:
@@ -66,6 +105,41 @@ def write_text_atomic(path: Path, text: str) -> None:
 def write_json_atomic(path: Path, obj: Any) -> None:
     """Atomically replace `path` with `obj` as indented, key-sorted JSON."""
     write_text_atomic(path, json.dumps(obj, indent=2, sort_keys=True) + "\n")
+
+
+class LineLog:
+    """An append-only text file of lines (JSONL) that never keeps a partial line of its own.
+
+    Each `append` is written unbuffered and whole; a write that fails or is interrupted part way
+    (full disk, signal) is cut back to where it started, so the file ends at a complete line.
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        with writing(path):
+            self._handle = open(path, "ab", buffering=0)
+
+    def append(self, line: str) -> None:
+        """Append `line` and a newline; raises `DiskFull` (naming the file) when the disk is full."""
+        data = memoryview((line + "\n").encode("utf-8"))
+        start = os.fstat(self._handle.fileno()).st_size
+        with writing(self.path):
+            try:
+                while data:
+                    data = data[self._handle.write(data):]
+            except BaseException:
+                os.ftruncate(self._handle.fileno(), start)
+                raise
+
+    def close(self) -> None:
+        self._handle.close()
+
+    def __enter__(self) -> LineLog:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
+                 traceback: TracebackType | None) -> None:
+        self.close()
 
 
 def read_json_object(path: Path, missing: str = "") -> dict[str, Any]:

@@ -94,6 +94,20 @@ class Precision:
         """Return the JSON record written into manifests and reports."""
         return {"requested": self.requested, "dtype": self.dtype, "reason": self.reason, "emulated": self.emulated}
 
+    def announce(self, what: str) -> None:
+        """State the choice for `what` (e.g. "extract dtype") on stderr, once per process: `auto`'s
+        choice and reason, or a warning for an explicit dtype this device emulates (a native explicit
+        dtype is not stated). Stages call it once their inputs are accepted, so a refusal stays one line."""
+        if self.emulated:
+            line = f"warning: {what} {self.requested} is slow here: {self.reason} (dtype auto would pick float32)"
+        elif self.requested == AUTO:
+            line = self.note(what)
+        else:
+            return
+        if line not in _said:
+            _said.add(line)
+            print(f"eyas: {line}", file=sys.stderr)
+
     def note(self, what: str) -> str:
         """Return the one line that states the choice for `what` (e.g. "extract dtype")."""
         verb = "->" if self.requested == AUTO else "="
@@ -134,27 +148,16 @@ def _native(dtype: str, device: str) -> tuple[bool, str]:
     return False, f"this CPU (torch capability {features.capability}) has no AVX-512-FP16 or AMX-FP16: float16 is emulated"
 
 
-def choose_dtype(requested: str, device: str | None, what: str) -> Precision:
-    """Return the dtype `what` (e.g. "extract dtype") runs in on `device` (None: cuda if present, else cpu).
+def choose_dtype(requested: str, device: str | None) -> Precision:
+    """Return the dtype a stage asked for `requested` runs in on `device` (None: cuda if present, else cpu).
 
     `auto` gives bfloat16 where the device computes it natively and float32 otherwise; an explicit
-    dtype is kept. States the choice on stderr once per process, as a warning when the CPU emulates
-    an explicitly requested dtype (a native explicit dtype is not stated). Refuses nothing: any dtype runs, emulated ones slowly.
+    dtype is kept (`emulated` when this device does not compute it natively). Refuses nothing: any
+    dtype runs, emulated ones slowly. Says nothing: `Precision.announce` does, once the stage starts.
     """
     kind = _device_kind(device)
     if requested == AUTO:
         native, why = _native("bfloat16", kind)
-        precision = Precision(AUTO, "bfloat16" if native else "float32", why, emulated=False)
-    else:
-        native, why = _native(requested, kind)
-        precision = Precision(requested, requested, why if not native else "as configured", emulated=not native)  # type: ignore[arg-type]
-    if precision.emulated:
-        line = f"warning: {what} {requested} is slow here: {why} (dtype auto would pick float32)"
-    elif requested == AUTO:
-        line = precision.note(what)
-    else:
-        return precision
-    if line not in _said:
-        _said.add(line)
-        print(f"eyas: {line}", file=sys.stderr)
-    return precision
+        return Precision(AUTO, "bfloat16" if native else "float32", why, emulated=False)
+    native, why = _native(requested, kind)
+    return Precision(requested, requested, why if not native else "as configured", emulated=not native)  # type: ignore[arg-type]

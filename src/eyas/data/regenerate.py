@@ -23,7 +23,7 @@ import torch
 from eyas.config import RegenerateConfig, write_resolved_config
 from eyas.decode.prompts import chat_messages
 from eyas.errors import EyasError
-from eyas.files import sha256_file, sha256_text, write_json_atomic, write_text_atomic
+from eyas.files import LineLog, sha256_file, sha256_text, write_json_atomic, write_text_atomic
 from eyas.outputs import claim_output_dir
 from eyas.precision import choose_dtype
 from eyas.progress import stage_progress
@@ -148,7 +148,7 @@ def _finished(path: Path, batches: list[list[Prompt]]) -> int:
 
 def run_regenerate(config: RegenerateConfig) -> RegenerateResult:
     """Answer every prompt with the target (or finish a killed run); return what was written."""
-    precision = choose_dtype(config.dtype, config.device, "regenerate dtype")
+    precision = choose_dtype(config.dtype, config.device)
     config = config.model_copy(update={"dtype": precision.dtype})
     tokenizer = load_tokenizer(config.target, config.trust_remote_code)
     if not tokenizer.chat_template:
@@ -166,6 +166,7 @@ def run_regenerate(config: RegenerateConfig) -> RegenerateResult:
     write_json_atomic(progress, {"run_key": run_key, "prompts": len(prompts), "rejected": len(rejected),
                                  "precision": precision.record()})
     write_resolved_config(config, "regenerate", config.out, (precision.note("dtype"),))
+    precision.announce("regenerate dtype")
     write_text_atomic(config.out / REJECTED, "".join(json.dumps(r) + "\n" for r in rejected))
     batches = plan_batches(prompts, config.max_new_tokens, config.token_budget)
     done = _finished(config.out / CONVERSATIONS, batches)
@@ -173,15 +174,14 @@ def run_regenerate(config: RegenerateConfig) -> RegenerateResult:
     if done < len(batches):
         parts = load_target(config.target, precision.torch_dtype, resolve_device(config.device), config.trust_remote_code)
         started = time.perf_counter()
-        with open(config.out / CONVERSATIONS, "a", encoding="utf-8") as handle, stage_progress() as bar:
+        with LineLog(config.out / CONVERSATIONS) as handle, stage_progress() as bar:
             task = bar.add_task("regenerate", total=len(prompts), completed=sum(len(b) for b in batches[:done]), rate="")
             for number in range(done, len(batches)):
                 batch = batches[number]
                 answers = _answer(parts.model, tokenizer, batch, config, config.seed + number)
-                handle.write("".join(json.dumps({
+                handle.append("\n".join(json.dumps({  # a batch's lines whole, or none of them
                     "messages": [*p.messages, {"role": "assistant", "content": answer}], "source": p.source,
-                    "finish": finish}) + "\n" for p, (answer, finish, _) in zip(batch, answers)))
-                handle.flush()
+                    "finish": finish}) for p, (answer, finish, _) in zip(batch, answers)))
                 new_tokens += sum(count for _, _, count in answers)
                 bar.update(task, advance=len(batch), rate=f"{new_tokens / (time.perf_counter() - started):,.0f} tok/s")
     return RegenerateResult(config.out, len(prompts), len(rejected), new_tokens, done == len(batches))

@@ -24,7 +24,7 @@ from eyas.decode.sampling import Sampling
 from eyas.draft.config import WEIGHTS_FILE, read_draft_config, target_problems
 from eyas.draft.model import load_draft
 from eyas.errors import EyasError
-from eyas.files import sha256_file, sha256_text, write_json_atomic, write_text_atomic
+from eyas.files import LineLog, sha256_file, sha256_text, write_json_atomic, write_text_atomic
 from eyas.outputs import claim_output_dir
 from eyas.precision import choose_dtype
 from eyas.progress import stage_progress
@@ -101,7 +101,7 @@ def _read_results(path: Path) -> list[dict[str, Any]]:
 
 def run_eval(config: EvalConfig) -> EvalReport:
     """Evaluate (or finish evaluating) the draft on the prompts; return the report written to `config.out`."""
-    precision = choose_dtype(config.dtype, config.device, "eval dtype")
+    precision = choose_dtype(config.dtype, config.device)
     config = config.model_copy(update={"dtype": precision.dtype})
     shape = decoding_shape(config)
     sampling = Sampling(config.temperature, config.top_p, config.top_k)
@@ -123,6 +123,7 @@ def run_eval(config: EvalConfig) -> EvalReport:
     claim_output_dir(config.out, run_key, existing, _OWN, config.overwrite, "an eyas eval report")
     write_json_atomic(progress, {"run_key": run_key, "prompts": len(prompts)})
     write_resolved_config(config, "eval", config.out, (precision.note("dtype"),))
+    precision.announce("eval dtype")
     results = _read_results(config.out / RESULTS)
     done = {line["prompt"] for line in results}
 
@@ -135,7 +136,7 @@ def run_eval(config: EvalConfig) -> EvalReport:
         speculative = Decoder(parts, draft, shape, sampling, eos, config.seed)
         for decoder in (plain, speculative):  # first calls allocate and dispatch: not timed
             decoder.generate(prompts[0], WARMUP_TOKENS)
-        with open(config.out / RESULTS, "a", encoding="utf-8") as handle, stage_progress() as bar:
+        with LineLog(config.out / RESULTS) as handle, stage_progress() as bar:
             task = bar.add_task("eval", total=len(prompts), completed=len(done), rate="")
             for index, prompt in enumerate(prompts):
                 if index in done:
@@ -144,8 +145,7 @@ def run_eval(config: EvalConfig) -> EvalReport:
                 lookup = prompt_lookup_generate(parts, prompt, config.max_new_tokens, config.prompt_lookup, sampling,
                                                 eos) if config.prompt_lookup else None
                 line = _result_line(index, base, spec, lookup)
-                handle.write(json.dumps(line) + "\n")
-                handle.flush()
+                handle.append(json.dumps(line))
                 results.append(line)
                 rounds = [a for r in results for a in r["accepted"]]
                 bar.update(task, advance=1, rate=f"tau {sum(rounds) / max(1, len(rounds)) + 1:.2f}")

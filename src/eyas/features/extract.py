@@ -178,7 +178,7 @@ def run_extract(config: ExtractConfig, plan: ExtractPlan | None = None) -> tuple
     is resolved) and refuses to load weights when it finds any problem.
     """
     ranks = current_ranks()
-    precision = choose_dtype(config.dtype, config.device, "extract dtype")
+    precision = choose_dtype(config.dtype, config.device)
     config = config.model_copy(update={"dtype": precision.dtype})
     plan = plan or preflight_extract(config, checks=config.preflight)
     if not plan.ok:
@@ -189,6 +189,7 @@ def run_extract(config: ExtractConfig, plan: ExtractPlan | None = None) -> tuple
     if ranks.rank == 0:
         _claim_output(config, run_key)
         write_resolved_config(config, "extract", config.out, (precision.note("dtype"),))
+        precision.announce("extract dtype")
     barrier(ranks)
     if (config.out / store.MANIFEST).is_file():  # claimed: a manifest left in place is this very run's
         return store.read_store_manifest(config.out), True

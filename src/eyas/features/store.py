@@ -132,7 +132,8 @@ class FeatureShard:
         return len(self.sample_ids)
 
     def sample(self, position: int) -> dict[str, torch.Tensor]:
-        """Return the tensors of the shard's `position`-th sample (features in float32)."""
+        """Return the tensors of the shard's `position`-th sample (features in float32); refuses
+        features holding a NaN or an infinity, naming the shard and the sample id."""
         start, stop = int(self.offsets[position]), int(self.offsets[position + 1])
         out = {}
         for name in ("input_ids", "loss_mask", "aux", "last"):
@@ -142,6 +143,10 @@ class FeatureShard:
                     sliced = fp8.dequantize(sliced, self._file.get_slice(f"{name}_scale")[start:stop])
                 sliced = sliced.float()
             out[name] = sliced
+        bad = [name for name in ("aux", "last") if not bool(torch.isfinite(out[name]).all())]
+        if bad:
+            raise EyasError(f"{self.path}: sample {int(self.sample_ids[position])}: {' and '.join(bad)} "
+                            "features hold NaN or Inf; extract the store again (eyas extract --overwrite)")
         return out
 
 
@@ -156,11 +161,23 @@ def read_store_manifest(store: Path) -> StoreManifest:
         raise EyasError(f"{path}: not a valid eyas feature-store manifest: {str(exc).splitlines()[0]}") from None
 
 
+def _nonfinite_samples(path: Path) -> list[str]:
+    """Return one problem per sample of the shard `path` whose features hold a NaN or an infinity."""
+    shard, problems = FeatureShard(path), []
+    for position in range(len(shard)):
+        try:
+            shard.sample(position)
+        except EyasError as error:
+            problems.append(str(error))
+    return problems
+
+
 def verify_store(store: Path) -> list[str]:
     """Return every problem found in `store` (empty when it is intact).
 
     Recomputes each shard's sha256 and checks the manifest's counts, tensor shapes and dtypes
-    against the files, and that no shard file is missing or unlisted.
+    against the files, that no shard file is missing or unlisted, and that every sample's features
+    are finite (one problem per sample holding a NaN or an infinity).
     """
     try:
         manifest = read_store_manifest(store)
@@ -184,12 +201,15 @@ def verify_store(store: Path) -> list[str]:
             dtypes = {name: handle.get_slice(name).get_dtype() for name in ("aux", "last")}
         expected = {"input_ids": [info.tokens], "loss_mask": [info.tokens], "offsets": [info.samples + 1],
                     "sample_ids": [info.samples], "aux": [info.tokens, width], "last": [info.tokens, manifest.hidden_size]}
+        found = len(problems)
         for name, shape in expected.items():
             if shapes.get(name) != shape:
                 problems.append(f"{path}: {name}: shape {shapes.get(name)} but the manifest implies {shape}")
         for name, dtype in dtypes.items():
             if dtype != SAFETENSORS_DTYPE[manifest.storage_dtype]:
                 problems.append(f"{path}: {name}: dtype {dtype} but the manifest says {manifest.storage_dtype}")
+        if len(problems) == found:  # readable as the manifest describes it
+            problems += _nonfinite_samples(path)
     if sum(s.samples for s in manifest.shards) != manifest.samples:
         problems.append(f"{store / MANIFEST}: samples: {manifest.samples} but the shards hold {sum(s.samples for s in manifest.shards)}")
     if sum(s.tokens for s in manifest.shards) != manifest.tokens:

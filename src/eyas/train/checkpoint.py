@@ -21,7 +21,7 @@ from safetensors.torch import load_file, save_file
 from eyas.draft.config import DraftConfig
 from eyas.draft.model import Eagle3Draft, load_draft, write_draft
 from eyas.errors import EyasError
-from eyas.files import write_json_atomic
+from eyas.files import write_atomic, write_json_atomic, writing
 from eyas.train.sharding import full_tensor, like
 
 CHECKPOINTS = "checkpoints"
@@ -65,24 +65,28 @@ def optimizer_tensors(draft: Eagle3Draft, optimizer: torch.optim.Optimizer) -> d
 
 def save_checkpoint(run_dir: Path, config: DraftConfig, weights: dict[str, torch.Tensor],
                     optimizer: dict[str, torch.Tensor], state: TrainerState) -> Path:
-    """Write the checkpoint of `state.step` atomically from whole tensors; return its directory."""
+    """Write the checkpoint of `state.step` atomically from whole tensors; return its directory.
+
+    On any failure (a full disk raises `DiskFull` naming the checkpoint directory, SIGTERM) the
+    temporary directory is removed and the previous checkpoints are untouched.
+    """
     final = checkpoint_dir(run_dir, state.step)
     tmp = final.with_name(f".{final.name}.tmp-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    write_draft(config, weights, tmp / "draft")
-    save_file(optimizer, str(tmp / "optimizer.safetensors"))
-    rng = {"cpu": torch.get_rng_state()}
-    if torch.cuda.is_available():
-        rng.update({f"cuda{i}": s for i, s in enumerate(torch.cuda.get_rng_state_all())})
-    save_file(rng, str(tmp / "rng.safetensors"))
-    write_json_atomic(tmp / "trainer.json", state.model_dump(mode="json"))
-    for path in tmp.rglob("*"):
-        if path.is_file():
-            with open(path, "rb") as handle:
-                os.fsync(handle.fileno())
-    shutil.rmtree(final, ignore_errors=True)
-    os.replace(tmp, final)
+    try:
+        with writing(final):
+            tmp.mkdir(parents=True)
+            write_draft(config, weights, tmp / "draft")
+            write_atomic(tmp / "optimizer.safetensors", lambda path: save_file(optimizer, str(path)))
+            rng = {"cpu": torch.get_rng_state()}
+            if torch.cuda.is_available():
+                rng.update({f"cuda{i}": s for i, s in enumerate(torch.cuda.get_rng_state_all())})
+            write_atomic(tmp / "rng.safetensors", lambda path: save_file(rng, str(path)))
+            write_json_atomic(tmp / "trainer.json", state.model_dump(mode="json"))
+        shutil.rmtree(final, ignore_errors=True)
+        os.replace(tmp, final)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
     return final
 
 

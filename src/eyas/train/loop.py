@@ -24,7 +24,7 @@ from eyas.distributed import Ranks, all_reduce_gradients, all_reduce_sum, barrie
 from eyas.draft.model import Eagle3Draft, load_draft, set_embedding, write_draft
 from eyas.draft.objective import StepScorer, StepSums, TeacherHead, loss_token_count, metrics_of
 from eyas.errors import EyasError
-from eyas.files import sha256_text, write_json_atomic, write_text_atomic
+from eyas.files import LineLog, sha256_text, write_json_atomic, write_text_atomic
 from eyas.outputs import claim_output_dir
 from eyas.precision import choose_dtype, machine_record
 from eyas.progress import stage_progress
@@ -35,7 +35,7 @@ from eyas.train import batches as B
 from eyas.train.checkpoint import (
     CHECKPOINTS, TrainerState, list_checkpoints, load_checkpoint, optimizer_tensors, prune_checkpoints, save_checkpoint,
 )
-from eyas.train.sharding import TTTLoss, full_tensor, gathered_state, parameter_counts, shard
+from eyas.train.sharding import TTTLoss, full_tensor, gathered_state, local, parameter_counts, shard
 from eyas.train.setup import TrainSetup, resolve_train, vocab_tensors
 from eyas.train.sources import OnlineSource, SampleSource, StoreSource
 
@@ -164,9 +164,13 @@ class _Trainer:
         rounds = math.ceil(len(chunk) / self.ranks.world) if self.sharded else len(mine)
         return mine, chunk[:1] * (rounds - len(mine))
 
-    def train_step(self, micro_batches: list[B.MicroBatch], padding: list[B.MicroBatch]
+    def train_step(self, step: int, micro_batches: list[B.MicroBatch], padding: list[B.MicroBatch]
                    ) -> tuple[StepSums, float, int, float]:
-        """Run one optimizer step; return its sums, loss-token count, tokens and gradient norm (all ranks)."""
+        """Run optimizer step `step` (1-based); return its sums, loss-token count, tokens and gradient norm (all ranks).
+
+        Refuses (on every rank) a non-finite loss or gradient norm before the update, and an update
+        that made a weight non-finite, so no checkpoint, best/ or final/ ever holds such weights.
+        """
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
         sums, loss_tokens, tokens = StepSums.zeros(self.config.ttt_steps), 0, 0
@@ -186,9 +190,21 @@ class _Trainer:
         for param in self.params:
             if param.grad is not None:
                 param.grad.div_(max(counts[0].item(), 1.0))
-        norm = torch.nn.utils.clip_grad_norm_(self.params, self.config.grad_clip)
+        norm = float(full_tensor(torch.nn.utils.clip_grad_norm_(self.params, self.config.grad_clip)))
+        step_sums = StepSums.from_stacked(stacked)
+        loss = metrics_of(step_sums, counts[0].item())["loss"]
+        if not (math.isfinite(loss) and math.isfinite(norm)):
+            raise _not_finite(step, f"loss {loss}, gradient norm {norm}", "before applying the update")
         self.optimizer.step()
-        return StepSums.from_stacked(stacked), counts[0].item(), int(counts[1].item()), float(full_tensor(norm))
+        if not self._weights_finite():
+            raise _not_finite(step, f"the update made draft weights non-finite (loss {loss:.4g}, gradient norm "
+                                    f"{norm:.4g})", "before saving them")
+        return step_sums, counts[0].item(), int(counts[1].item()), norm
+
+    def _weights_finite(self) -> bool:
+        """Return whether every trainable draft weight is finite on every rank (one all-reduce)."""
+        bad = sum(not bool(torch.isfinite(local(p.detach())).all()) for p in self.params)
+        return all_reduce_sum(torch.tensor([float(bad)], dtype=torch.float64), self.ranks).item() == 0
 
     @torch.no_grad()
     def evaluate(self) -> dict[str, float] | None:
@@ -218,6 +234,12 @@ class _Trainer:
         return lr
 
 
+def _not_finite(step: int, what: str, when: str) -> EyasError:
+    """Return the error that stops training at optimizer `step` on a non-finite value."""
+    return EyasError(f"train: optimizer step {step}: {what}; stopped {when}: the checkpoints and best/ keep the last "
+                     "good weights; lower --lr or check the inputs")
+
+
 def _trim_metrics(path: Path, last_step: int) -> None:
     """Keep the metric lines up to `last_step` (a resumed run rewrites what came after its checkpoint)."""
     if not path.is_file():
@@ -232,11 +254,11 @@ def _trim_metrics(path: Path, last_step: int) -> None:
 
 
 class _MetricsLog:
-    """`metrics.jsonl` (one JSON object per line, flushed) and TensorBoard when it is installed."""
+    """`metrics.jsonl` (one JSON object per line, written whole) and TensorBoard when it is installed."""
 
     def __init__(self, run_dir: Path, enabled: bool) -> None:
         self.enabled = enabled
-        self.handle = open(run_dir / METRICS, "a", encoding="utf-8") if enabled else None
+        self.handle = LineLog(run_dir / METRICS) if enabled else None
         self.board = None
         if enabled:
             try:
@@ -249,8 +271,7 @@ class _MetricsLog:
     def write(self, record: dict[str, object]) -> None:
         if not self.handle:
             return
-        self.handle.write(json.dumps(record, sort_keys=True) + "\n")
-        self.handle.flush()
+        self.handle.append(json.dumps(record, sort_keys=True))
         if self.board is not None:
             for key, value in record.items():
                 if isinstance(value, float):
@@ -277,8 +298,8 @@ def run_train(config: TrainConfig) -> TrainResult:
             raise EyasError(f"preflight found {len(problems)} problem(s): " + " | ".join(problems))
     device_name = rank_device(ranks, resolve_device(config.device))
     init_distributed(ranks, device_name)
-    precisions = {"dtype": choose_dtype(config.dtype, device_name, "train dtype (draft autocast)"),
-                  "target_dtype": choose_dtype(config.target_dtype, device_name, "train target_dtype")}
+    precisions = {"dtype": choose_dtype(config.dtype, device_name),
+                  "target_dtype": choose_dtype(config.target_dtype, device_name)}
     config = config.model_copy(update={field: choice.dtype for field, choice in precisions.items()})
     run_key = _run_key(config, setup, ranks.world)
     out = config.out
@@ -287,6 +308,8 @@ def run_train(config: TrainConfig) -> TrainResult:
         if config.resume and not resuming:
             raise EyasError(f"{out}: --resume: no checkpoint of this run to resume from")
         write_resolved_config(config, "train", out, tuple(choice.note(field) for field, choice in precisions.items()))
+        precisions["dtype"].announce("train dtype (draft autocast)")
+        precisions["target_dtype"].announce("train target_dtype")
     barrier(ranks)
     if (out / SUMMARY).is_file():
         summary = json.loads((out / SUMMARY).read_text(encoding="utf-8"))
@@ -313,7 +336,7 @@ def run_train(config: TrainConfig) -> TrainResult:
                 plan = trainer.plan(state.epoch)
                 lr = trainer.set_lr(state.step)
                 share, padding = trainer.share(plan, state.step_in_epoch * trainer.per_step, trainer.per_step)
-                sums, loss_tokens, tokens, grad_norm = trainer.train_step(share, padding)
+                sums, loss_tokens, tokens, grad_norm = trainer.train_step(state.step + 1, share, padding)
                 window, window_tokens = window + sums, window_tokens + loss_tokens
                 state.step += 1
                 state.tokens += tokens
@@ -331,6 +354,8 @@ def run_train(config: TrainConfig) -> TrainResult:
                     window, window_tokens = StepSums.zeros(config.ttt_steps), 0.0
                 if state.step % config.eval_every == 0 or last:
                     last_eval = trainer.evaluate()
+                    if last_eval is not None and not math.isfinite(last_eval["loss"]):
+                        raise _not_finite(state.step, f"held-out loss {last_eval['loss']}", "before saving its weights")
                     score = (last_eval or metrics)["implied_tau"]
                     if last_eval is not None:
                         log.write({"split": "eval", "step": state.step, **last_eval})

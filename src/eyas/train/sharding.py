@@ -62,6 +62,13 @@ def full_tensor(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
 
 
+def local(tensor: torch.Tensor) -> torch.Tensor:
+    """Return this rank's shard of a sharded DTensor, else `tensor`."""
+    from torch.distributed.tensor import DTensor
+
+    return tensor.to_local() if isinstance(tensor, DTensor) else tensor
+
+
 def like(reference: torch.Tensor, full: torch.Tensor) -> torch.Tensor:
     """Return `full` laid out as `reference`: this rank's shard when `reference` is a sharded DTensor."""
     from torch.distributed.tensor import DTensor, distribute_tensor
@@ -80,8 +87,6 @@ def gathered_state(draft: Eagle3Draft) -> dict[str, torch.Tensor]:
 def parameter_counts(draft: Eagle3Draft) -> dict[str, int]:
     """Return `draft_parameters` (all, the frozen embedding included) and `draft_parameters_on_rank`
     (what this rank holds at rest: about 1/world of them under FSDP)."""
-    from torch.distributed.tensor import DTensor
-
     params = list(draft.parameters())
-    local = [p.to_local() if isinstance(p, DTensor) else p for p in params]
-    return {"draft_parameters": sum(p.numel() for p in params), "draft_parameters_on_rank": sum(p.numel() for p in local)}
+    return {"draft_parameters": sum(p.numel() for p in params),
+            "draft_parameters_on_rank": sum(local(p).numel() for p in params)}
