@@ -168,6 +168,22 @@ def prepared(tmp_path_factory: pytest.TempPathFactory) -> Callable[[Path], Path]
     return build
 
 
+@pytest.fixture(scope="session")
+def example_store(weighted_target, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A float32 feature store of the example dataset (200-token draft vocab) for the tiny llama target."""
+    from eyas.config import ExtractConfig, PrepareConfig
+    from eyas.data.prepare import run_prepare
+    from eyas.features.extract import run_extract
+
+    root = tmp_path_factory.mktemp("example-store")
+    target = weighted_target("llama")
+    examples = Path(__file__).resolve().parents[1] / "examples" / "data"
+    run_prepare(PrepareConfig(target=target, data=[examples], out=root / "ds", draft_vocab_size=200))
+    run_extract(ExtractConfig(target=target, data=root / "ds", out=root / "store", dtype="float32",
+                              storage_dtype="fp32", device="cpu"))
+    return root / "store"
+
+
 def kill_9_when(command: list[str], marker: Path, env: dict[str, str] | None = None, timeout: float = 180) -> None:
     """Start `command`, SIGKILL it as soon as `marker` exists, and wait for it to die.
 

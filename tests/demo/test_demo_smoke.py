@@ -30,13 +30,20 @@ def rooted(value: object, root: Path) -> object:
 @pytest.mark.slow
 def test_smoke_demo_runs_every_stage_and_reuses_them(tmp_path: Path) -> None:
     config = tmp_path / "demo.yaml"
-    config.write_text(yaml.safe_dump(rooted(yaml.safe_load(SMOKE.read_text()), tmp_path / "run")))
+    doc = rooted(yaml.safe_load(SMOKE.read_text()), tmp_path / "run")
+    # Greedy equality with the target alone is a float32 fact; `auto` is bfloat16 on AVX-512-BF16 CPUs.
+    doc["eval"]["dtype"] = "float32"
+    config.write_text(yaml.safe_dump(doc))
     report = run_demo(config)
     assert report == tmp_path / "run" / "report"
     first = json.loads((report / "report.json").read_text())
     assert first["prompts"] == 2 and first["decoding"] == "chain 3" and first["prompt_lookup"] is not None
     assert first["same_as_baseline"] == 2  # greedy: the target's own output
     assert (report / "acceptance.png").is_file()
+    assert first["precision"]["dtype"] == "float32" and first["machine"]["cpu_capability"]
+    stages = json.loads((report / "stages.json").read_text())
+    assert set(stages["seconds"]) >= {"regenerate", "prepare", "extract", "train", "eval", "export"}
+    assert stages["cpu_capability"] == first["machine"]["cpu_capability"] and stages["torch_threads"] >= 1
     tree = json.loads((report / "tree" / "report.json").read_text())
     assert tree["decoding"].startswith("tree") and tree["same_as_baseline"] == 2 and tree["prompt_lookup"] is None
     assert (report / "tree" / "acceptance.png").is_file()

@@ -20,15 +20,12 @@ from conftest import (Finished, on_full_disk_then_rerun, poison_sample, run_sigt
                       sigterm_at_random_points, temporary_files, tree_bytes)
 from safetensors.torch import load_file
 
-from eyas.config import ExtractConfig, PrepareConfig, TrainConfig
-from eyas.data.prepare import run_prepare
+from eyas.config import TrainConfig
 from eyas.draft.model import load_draft
-from eyas.features.extract import run_extract
 from eyas.features.store import read_store_manifest
 from eyas.train import batches as B
 from eyas.train.sources import StoreSource
 
-EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "data"
 EYAS = str(Path(sys.executable).parent / "eyas")
 PAGE = 4096  # tmpfs allocates whole pages
 ROW_TOKENS, TOKEN_BUDGET = 128, 512
@@ -40,14 +37,8 @@ def environment() -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
-def store(weighted_target, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A float32 feature store of the example dataset (200-token draft vocab) for the tiny llama target."""
-    root = tmp_path_factory.mktemp("train-faults-inputs")
-    target = weighted_target("llama")
-    run_prepare(PrepareConfig(target=target, data=[EXAMPLES], out=root / "ds", draft_vocab_size=200))
-    run_extract(ExtractConfig(target=target, data=root / "ds", out=root / "store", dtype="float32",
-                              storage_dtype="fp32", device="cpu"))
-    return root / "store"
+def store(example_store: Path) -> Path:
+    return example_store
 
 
 def train_command(store: Path, out: Path, *extra: str) -> list[str]:

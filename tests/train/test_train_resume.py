@@ -16,11 +16,7 @@ import torch
 from conftest import kill_9_when
 from safetensors.torch import load_file
 
-from eyas.config import ExtractConfig, PrepareConfig
-from eyas.data.prepare import run_prepare
-from eyas.features.extract import run_extract
 
-EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "data"
 EYAS = str(Path(sys.executable).parent / "eyas")
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
 STEPS = 6
@@ -31,14 +27,8 @@ def environment() -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
-def store(weighted_target, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A float32 feature store of the example dataset (200-token draft vocab) for the tiny llama target."""
-    root = tmp_path_factory.mktemp("train-resume-inputs")
-    target = weighted_target("llama")
-    run_prepare(PrepareConfig(target=target, data=[EXAMPLES], out=root / "ds", draft_vocab_size=200))
-    run_extract(ExtractConfig(target=target, data=root / "ds", out=root / "store", dtype="float32",
-                              storage_dtype="fp32", device="cpu"))
-    return root / "store"
+def store(example_store: Path) -> Path:
+    return example_store
 
 
 def train_command(store: Path, out: Path, grad_accum: int, *extra: str, launcher: list[str] | None = None,

@@ -4,7 +4,8 @@ train -> eval -> export, each stage from its section of one YAML file (docs/demo
 Every stage reuses what a previous run finished (each has its own run key and resume), so a second
 `make demo` re-prints the report in seconds. The report (report.json, acceptance.png; the tree
 evaluation's in tree/ when the demo asks for one), the training curves (training/*.png) and the
-vLLM export of the draft are gathered in `OUT/report/`.
+vLLM export of the draft are gathered in `OUT/report/`, with `stages.json` (this run's seconds per
+stage, the CPU capability and torch threads).
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ from eyas.config import (
     DemoConfig, EvalConfig, ExportConfig, ExtractConfig, PrepareConfig, RegenerateConfig, TrainConfig, load_stage_config,
 )
 from eyas.errors import EyasError
+from eyas.files import write_json_atomic
+from eyas.precision import machine_record
 
 
 def run_demo(config_file: Path) -> Path:
@@ -65,7 +68,10 @@ def run_demo(config_file: Path) -> Path:
     plot_run(train.out, report / "training")
     for directory, _, evaluation in evaluations:
         print_eval_report(directory, evaluation)
-    print("stage seconds (this run): " + ", ".join(f"{k} {v:.0f}" for k, v in timings.items()), file=sys.stderr)
+    machine = machine_record()
+    write_json_atomic(report / "stages.json", {"seconds": timings, **machine})
+    print(f"stage seconds (this run; CPU {machine['cpu_capability']}, {machine['torch_threads']} torch threads): "
+          + ", ".join(f"{k} {v:.0f}" for k, v in timings.items()), file=sys.stderr)
     return report
 
 
