@@ -82,3 +82,12 @@ def test_resolved_config_round_trips(tmp_path: Path) -> None:
     config = load_stage_config(PrepareConfig, "prepare", None, BASE, ["max_length=64", "chat_template_kwargs={a: 1}"])
     path = write_resolved_config(config, "prepare", tmp_path)
     assert load_stage_config(PrepareConfig, "prepare", path, {}, []) == config
+
+
+@pytest.mark.parametrize("key", ["lr", "weight_decay"])
+def test_a_step_size_beyond_float32_is_refused_before_training(key: str, tmp_path) -> None:
+    """AdamW applies lr and weight decay to float32 weights: 1e40 would crash in torch after the model load."""
+    from eyas.config import TrainConfig
+
+    with pytest.raises(EyasError, match=rf"train\.{key}: Input should be less than or equal to"):
+        load_stage_config(TrainConfig, "train", None, {"out": tmp_path, key: 1e40})

@@ -21,6 +21,7 @@ from eyas.errors import EyasError
 from eyas.files import write_text_atomic
 from eyas.precision import DtypeChoice
 
+FLOAT32_MAX = 3.4028234663852886e38  # AdamW scales float32 weights by lr and weight decay: larger cannot be applied
 AUTO_HELP = "auto: bfloat16 where the device computes it natively (CUDA with bf16, a CPU with AVX-512-BF16 or AMX), else float32"
 
 STAGE_NAMES = ("demo", "prepare", "regenerate", "extract", "train", "eval", "export")
@@ -101,8 +102,8 @@ class TrainConfig(StageConfig):
     )
     max_steps: PositiveInt | None = Field(None, description="optimizer steps (default: epochs x steps per epoch)")
     epochs: PositiveInt = Field(1, description="passes over the training split (when max_steps is not given)")
-    lr: float = Field(1e-4, gt=0, description="peak learning rate (AdamW, betas 0.9/0.95)")
-    weight_decay: float = Field(0.0, ge=0)
+    lr: float = Field(1e-4, gt=0, le=FLOAT32_MAX, description="peak learning rate (AdamW, betas 0.9/0.95)")
+    weight_decay: float = Field(0.0, ge=0, le=FLOAT32_MAX, description="AdamW's decoupled weight decay")
     warmup_fraction: float = Field(0.02, ge=0, lt=1, description="share of the steps spent warming up linearly")
     min_lr_fraction: float = Field(0.0, ge=0, le=1, description="the cosine decays to lr x this")
     grad_clip: float = Field(0.5, gt=0, description="max global gradient norm")
