@@ -78,7 +78,9 @@ def summary(rows: list[dict[str, object]]) -> list[dict[str, object]]:
             by_seed.setdefault(row["seed"], []).append(value(row))
         kernel_spread = max(max(v) - min(v) for v in by_seed.values())
         low, threshold = min(values), THRESHOLDS[metric]
-        out.append({"bench": "learned_spread", "metric": metric, "pairs": len(values), "min": round(low, 4),
+        out.append({"bench": "learned_spread", "metric": metric, "pairs": len(values),
+                    "cpu_capability": sorted({r["cpu_capability"] for r in rows}),
+                    "torch_threads": sorted({r["torch_threads"] for r in rows}), "min": round(low, 4),
                     "max": round(max(values), 4), "mean": round(statistics.fmean(values), 4),
                     "seed_sd": round(statistics.stdev(values), 4) if len(values) > 1 else None,
                     "kernel_spread": round(kernel_spread, 4), "threshold": threshold, "margin": round(low - threshold, 4),
