@@ -95,11 +95,14 @@ class CliResult:
 
 @pytest.fixture
 def run_cli(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> Callable[..., CliResult]:
-    """Run `eyas ARGS...` in-process through the real entry point; return exit code, stdout, stderr."""
+    """Run `eyas ARGS...` in-process through the real entry point, as a fresh process would (nothing
+    announced yet: the dtype choice is said once per process); return exit code, stdout, stderr."""
+    from eyas import precision
     from eyas.cli import main
 
     def run(*args: str | Path) -> CliResult:
         monkeypatch.setattr(sys, "argv", ["eyas", *map(str, args)])
+        monkeypatch.setattr(precision, "_said", set())
         capsys.readouterr()
         try:
             main()
