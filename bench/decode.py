@@ -31,7 +31,8 @@ import torch
 
 from eyas.decode.decoder import Decoder
 from eyas.decode.drafting import TreeShape
-from eyas.decode.evaluate import eos_ids, prompt_lookup_generate
+from eyas.data.prompts import eos_ids
+from eyas.decode.evaluate import prompt_lookup_generate
 from eyas.decode.prompts import read_prompts
 from eyas.decode.sampling import Sampling
 from eyas.draft.model import load_draft
@@ -81,7 +82,7 @@ def main() -> None:
         dtype = DTYPES[args.dtype]
         parts = load_target(args.target, dtype, "cpu")
         draft = load_draft(args.draft, parts.embed.weight.detach()).to(dtype).eval()
-        eos, sampling = eos_ids(parts, tokenizer), Sampling()
+        eos, sampling = eos_ids(parts.model, tokenizer), Sampling()
         shapes = [parse_shape(s) for s in args.shapes.split()]
         plain = Decoder(parts, None, None, sampling, eos)
         decoders = [Decoder(parts, draft, shape, sampling, eos) for shape in shapes]

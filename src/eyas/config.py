@@ -20,25 +20,38 @@ from eyas import __version__
 from eyas.errors import EyasError
 from eyas.files import write_text_atomic
 from eyas.precision import DtypeChoice
+from eyas.target.layers import Convention
 
 FLOAT32_MAX = 3.4028234663852886e38  # AdamW scales float32 weights by lr and weight decay: larger cannot be applied
 AUTO_HELP = "auto: bfloat16 where the device computes it natively (CUDA with bf16, a CPU with AVX-512-BF16 or AMX), else float32"
 
-STAGE_NAMES = ("demo", "prepare", "regenerate", "extract", "train", "eval", "export")
+STAGE_NAMES = ("demo", "prepare", "regenerate", "extract", "train", "eval", "export", "import", "check-draft")
+
+
+DECIDES: dict[str, Any] = {"decides": True}  # json_schema_extra of a field that decides the result: part of the run key
+ARGUMENT_KEY = "argument"
+ARGUMENT: dict[str, Any] = {ARGUMENT_KEY: True}  # json_schema_extra of the field that is the verb's positional argument
 
 
 class StageConfig(BaseModel):
-    """Base of every stage config: unknown keys are errors, values are validated on load."""
+    """Base of every stage config: unknown keys are errors, values are validated on load. A field whose
+    value changes what the stage produces is marked `json_schema_extra=DECIDES` (eyas.stage's run key)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+def deciding_fields(config_class: type[BaseModel]) -> tuple[str, ...]:
+    """Return the names of `config_class`'s fields marked `DECIDES`, in declaration order."""
+    return tuple(name for name, field in config_class.model_fields.items()
+                 if isinstance(field.json_schema_extra, dict) and field.json_schema_extra.get("decides"))
 
 
 class DemoConfig(StageConfig):
     """`make demo` / `python -m eyas.demo`: the prompts of the demo run (its stages have their own sections)."""
 
     out: Path = Field(description="run root: prompts/ and report/ go here")
-    train_prompts: PositiveInt = Field(2400, description="training prompts drawn (stdlib and general instructions)")
-    seed: int = Field(0, description="draw of the training prompts")
+    train_prompts: PositiveInt = Field(2400, description="training prompts drawn (stdlib and general instructions)", json_schema_extra=DECIDES)
+    seed: int = Field(0, description="draw of the training prompts", json_schema_extra=DECIDES)
     tree: str | None = Field(None, description="also evaluate this EAGLE-2 tree DEPTH,TOPK,TOTAL (the eval section's "
                                                "prompts and sampling) into report/tree/")
 
@@ -50,14 +63,14 @@ class PrepareConfig(StageConfig):
     data: list[Path] = Field(min_length=1, description="JSON/JSONL files, directories of them, or HF datasets dirs")
     out: Path = Field(description="dataset directory to write")
     draft_vocab_size: PositiveInt | None = Field(None, description="write vocab.safetensors for this draft vocab size")
-    max_length: PositiveInt | None = Field(None, description="truncate every sample to this many tokens")
-    last_turn_only: bool = Field(False, description="loss on the last assistant turn only")
-    skip_invalid: bool = Field(False, description="skip bad records (counted and reported) instead of stopping")
+    max_length: PositiveInt | None = Field(None, description="truncate every sample to this many tokens", json_schema_extra=DECIDES)
+    last_turn_only: bool = Field(False, description="loss on the last assistant turn only", json_schema_extra=DECIDES)
+    skip_invalid: bool = Field(False, description="skip bad records (counted and reported) instead of stopping", json_schema_extra=DECIDES)
     overwrite: bool = Field(False, description="discard an existing, different dataset in --out")
     chat_template_kwargs: dict[str, Any] = Field(
-        default_factory=dict, description="extra variables for the chat template, e.g. {enable_thinking: false}"
+        default_factory=dict, description="extra variables for the chat template, e.g. {enable_thinking: false}", json_schema_extra=DECIDES
     )
-    records_per_shard: PositiveInt = Field(10_000, description="input records per Parquet shard (resume unit)")
+    records_per_shard: PositiveInt = Field(10_000, description="input records per Parquet shard (resume unit)", json_schema_extra=DECIDES)
     batch_size: PositiveInt = Field(512, description="records tokenized per batch")
     trust_remote_code: bool = Field(False, description="allow custom tokenizer code from the target directory")
 
@@ -69,16 +82,16 @@ class ExtractConfig(StageConfig):
     data: Path = Field(description="dataset directory written by `eyas prepare`")
     out: Path = Field(description="feature store directory to write")
     layers: list[int] | None = Field(None, description="auxiliary layer ids (default: EAGLE-3's 3 layers)")
-    layer_convention: Literal["input", "output"] | None = Field(
+    layer_convention: Convention | None = Field(
         None, description="how --layers counts: input of layer k (EAGLE, vLLM) or output of layer k (SGLang)"
     )
-    storage_dtype: Literal["bf16", "fp8", "fp32"] = Field("bf16", description="dtype of stored features")
-    dtype: DtypeChoice = Field("auto", description=f"dtype the target runs in ({AUTO_HELP})")
+    storage_dtype: Literal["bf16", "fp8", "fp32"] = Field("bf16", description="dtype of stored features", json_schema_extra=DECIDES)
+    dtype: DtypeChoice = Field("auto", description=f"dtype the target runs in ({AUTO_HELP})", json_schema_extra=DECIDES)
     device: str | None = Field(None, description="cpu, cuda, cuda:N or auto (device_map over GPUs); default cuda if present")
-    token_budget: PositiveInt = Field(8192, description="padded tokens per forward batch")
-    shard_tokens: PositiveInt = Field(65536, description="tokens per store shard (host memory grows with this)")
+    token_budget: PositiveInt = Field(8192, description="padded tokens per forward batch", json_schema_extra=DECIDES)
+    shard_tokens: PositiveInt = Field(65536, description="tokens per store shard (host memory grows with this)", json_schema_extra=DECIDES)
     backend: Literal["hf", "vllm"] = Field("hf", description="hf: transformers with hooks; vllm: vLLM's public "
-                                                             "extraction surfaces (CUDA; docs/extract.md)")
+                                                             "extraction surfaces (CUDA; docs/extract.md)", json_schema_extra=DECIDES)
     tensor_parallel_size: PositiveInt = Field(1, description="vllm backend: GPUs vLLM shards the target over")
     overwrite: bool = Field(False, description="discard an existing, different store in --out")
     preflight: bool = Field(True, description="run the weightless preflight before loading weights")
@@ -93,26 +106,26 @@ class TrainConfig(StageConfig):
     data: Path | None = Field(None, description="dataset written by `eyas prepare` (online; offline: where the vocab is)")
     out: Path = Field(description="run directory: checkpoints, metrics.jsonl, final/")
     init: Path | None = Field(None, description="warm start from this eyas draft dir (keeps its d2t/t2d)")
-    draft_vocab_size: PositiveInt | None = Field(None, description="default: the dataset's vocab, else 32000")
-    num_layers: PositiveInt = Field(1, description="draft decoder layers")
-    intermediate_size: PositiveInt | None = Field(None, description="draft MLP width (default: the target's)")
-    ttt_steps: PositiveInt = Field(7, description="training-time-test unroll length k")
+    draft_vocab_size: PositiveInt | None = Field(None, description="default: the dataset's vocab, else 32000", json_schema_extra=DECIDES)
+    num_layers: PositiveInt = Field(1, description="draft decoder layers", json_schema_extra=DECIDES)
+    intermediate_size: PositiveInt | None = Field(None, description="draft MLP width (default: the target's)", json_schema_extra=DECIDES)
+    ttt_steps: PositiveInt = Field(7, description="training-time-test unroll length k", json_schema_extra=DECIDES)
     out_of_vocab: Literal["mask", "keep"] = Field(
-        "mask", description="positions whose teacher argmax is outside the draft vocab: left out of the loss, or kept"
+        "mask", description="positions whose teacher argmax is outside the draft vocab: left out of the loss, or kept", json_schema_extra=DECIDES
     )
-    max_steps: PositiveInt | None = Field(None, description="optimizer steps (default: epochs x steps per epoch)")
-    epochs: PositiveInt = Field(1, description="passes over the training split (when max_steps is not given)")
-    lr: float = Field(1e-4, gt=0, le=FLOAT32_MAX, description="peak learning rate (AdamW, betas 0.9/0.95)")
-    weight_decay: float = Field(0.0, ge=0, le=FLOAT32_MAX, description="AdamW's decoupled weight decay")
-    warmup_fraction: float = Field(0.02, ge=0, lt=1, description="share of the steps spent warming up linearly")
-    min_lr_fraction: float = Field(0.0, ge=0, le=1, description="the cosine decays to lr x this")
-    grad_clip: float = Field(0.5, gt=0, description="max global gradient norm")
+    max_steps: PositiveInt | None = Field(None, description="optimizer steps (default: epochs x steps per epoch)", json_schema_extra=DECIDES)
+    epochs: PositiveInt = Field(1, description="passes over the training split (when max_steps is not given)", json_schema_extra=DECIDES)
+    lr: float = Field(1e-4, gt=0, le=FLOAT32_MAX, description="peak learning rate (AdamW, betas 0.9/0.95)", json_schema_extra=DECIDES)
+    weight_decay: float = Field(0.0, ge=0, le=FLOAT32_MAX, description="AdamW's decoupled weight decay", json_schema_extra=DECIDES)
+    warmup_fraction: float = Field(0.02, ge=0, lt=1, description="share of the steps spent warming up linearly", json_schema_extra=DECIDES)
+    min_lr_fraction: float = Field(0.0, ge=0, le=1, description="the cosine decays to lr x this", json_schema_extra=DECIDES)
+    grad_clip: float = Field(0.5, gt=0, description="max global gradient norm", json_schema_extra=DECIDES)
     grad_accum: PositiveInt = Field(1, description="micro-batches per optimizer step and rank")
-    token_budget: PositiveInt = Field(8192, description="padded tokens per micro-batch (rows x longest row)")
-    row_tokens: PositiveInt = Field(2048, description="samples are packed into rows of up to this many tokens")
-    seed: int = Field(0, description="initialisation, data order and the held-out split")
-    eval_fraction: float = Field(0.02, ge=0, lt=1, description="share of samples held out for evaluation")
-    eval_every: PositiveInt = Field(200, description="evaluate every N optimizer steps (and at the end)")
+    token_budget: PositiveInt = Field(8192, description="padded tokens per micro-batch (rows x longest row)", json_schema_extra=DECIDES)
+    row_tokens: PositiveInt = Field(2048, description="samples are packed into rows of up to this many tokens", json_schema_extra=DECIDES)
+    seed: int = Field(0, description="initialisation, data order and the held-out split", json_schema_extra=DECIDES)
+    eval_fraction: float = Field(0.02, ge=0, lt=1, description="share of samples held out for evaluation", json_schema_extra=DECIDES)
+    eval_every: PositiveInt = Field(200, description="evaluate every N optimizer steps (and at the end)", json_schema_extra=DECIDES)
     log_every: PositiveInt = Field(10, description="write a metrics.jsonl line every N optimizer steps")
     save_every: PositiveInt = Field(200, description="write a checkpoint every N optimizer steps (and at the end)")
     keep_last: PositiveInt = Field(2, description="checkpoints kept besides the best one")
@@ -120,10 +133,10 @@ class TrainConfig(StageConfig):
     fsdp: bool = Field(False, description="under torchrun: shard the draft's weights, gradients and AdamW moments (FSDP2)")
     preflight: bool = Field(True, description="online: audit eyas's engine API contract before loading the target")
     dtype: Literal["auto", "bfloat16", "float32"] = Field(
-        "auto", description=f"autocast dtype of the draft; float32 master weights ({AUTO_HELP})")
-    target_dtype: DtypeChoice = Field("auto", description=f"dtype of the target parts ({AUTO_HELP})")
-    layers: list[int] | None = Field(None, description="online: aux layer ids (default: EAGLE-3's 3 layers)")
-    layer_convention: Literal["input", "output"] | None = Field(None, description="how `layers` counts")
+        "auto", description=f"autocast dtype of the draft; float32 master weights ({AUTO_HELP})", json_schema_extra=DECIDES)
+    target_dtype: DtypeChoice = Field("auto", description=f"dtype of the target parts ({AUTO_HELP})", json_schema_extra=DECIDES)
+    layers: list[int] | None = Field(None, description="online: aux layer ids (default: EAGLE-3's 3 layers)", json_schema_extra=DECIDES)
+    layer_convention: Convention | None = Field(None, description="how `layers` counts", json_schema_extra=DECIDES)
     overwrite: bool = Field(False, description="discard another run in --out")
     resume: bool = Field(False, description="require a checkpoint in --out to continue from")
     trust_remote_code: bool = Field(False, description="allow custom model code from the target directory")
@@ -137,15 +150,19 @@ class RegenerateConfig(StageConfig):
     target: Path = Field(description="local model dir or GGUF file that answers")
     prompts: Path = Field(description='JSONL of {"prompt": ...} / {"messages": [...]}, or a dataset dir (its prompts-*.jsonl)')
     out: Path = Field(description="directory for conversations.jsonl")
-    max_new_tokens: PositiveInt = Field(512, description="answer length at most, in tokens")
-    temperature: float = Field(0.7, ge=0, description="0: greedy")
-    top_p: float = Field(0.95, gt=0, le=1, description="nucleus sampling mass")
-    token_budget: PositiveInt = Field(16384, description="rows x (longest prompt + max_new_tokens) per batch")
-    limit: PositiveInt | None = Field(None, description="answer the first N prompts only")
-    seed: int = Field(0, description="batch b samples with seed + b")
-    skip_invalid: bool = Field(False, description="skip bad records (listed in rejected.jsonl) instead of stopping")
+    max_new_tokens: PositiveInt = Field(512, description="answer length at most, in tokens", json_schema_extra=DECIDES)
+    temperature: float = Field(0.7, ge=0, description="0: greedy", json_schema_extra=DECIDES)
+    top_p: float = Field(0.95, gt=0, le=1, description="nucleus sampling mass", json_schema_extra=DECIDES)
+    token_budget: PositiveInt = Field(16384, description="rows x (longest prompt + max_new_tokens) per batch", json_schema_extra=DECIDES)
+    limit: PositiveInt | None = Field(None, description="answer the first N prompts only", json_schema_extra=DECIDES)
+    seed: int = Field(0, description="batch b samples with seed + b", json_schema_extra=DECIDES)
+    chat_template_kwargs: dict[str, Any] = Field(
+        default_factory=dict, description="extra variables for the chat template (as prepare's), e.g. {enable_thinking: false}",
+        json_schema_extra=DECIDES
+    )
+    skip_invalid: bool = Field(False, description="skip bad records (listed in rejected.jsonl) instead of stopping", json_schema_extra=DECIDES)
     device: str | None = Field(None, description="cpu, cuda or cuda:N (default cuda if present)")
-    dtype: DtypeChoice = Field("auto", description=f"dtype the target runs in ({AUTO_HELP})")
+    dtype: DtypeChoice = Field("auto", description=f"dtype the target runs in ({AUTO_HELP})", json_schema_extra=DECIDES)
     overwrite: bool = Field(False, description="replace another regenerate output in --out")
     trust_remote_code: bool = Field(False, description="allow custom model code from the target directory")
 
@@ -155,18 +172,22 @@ class EvalConfig(StageConfig):
     target: Path = Field(description="local model dir or GGUF file the draft was trained for")
     draft: Path = Field(description="eyas draft directory (config.json + model.safetensors)")
     prompts: Path = Field(description='JSONL: {"prompt": text} or {"messages": [...]} (chat template), or {"text": raw}')
+    chat_template_kwargs: dict[str, Any] = Field(
+        default_factory=dict, description="extra variables for the chat template (as prepare's), e.g. {enable_thinking: false}",
+        json_schema_extra=DECIDES
+    )
     out: Path = Field(description="report directory: report.json, acceptance.png")
-    chain: PositiveInt | None = Field(None, description="draft a chain of this many tokens")
-    tree: str | None = Field(None, description="EAGLE-2 dynamic tree DEPTH,TOPK,TOTAL (default 5,4,16)")
-    temperature: float = Field(0.0, ge=0, description="0: greedy (lossless: the target's own greedy output)")
-    top_p: float = Field(1.0, gt=0, le=1, description="nucleus sampling mass")
-    top_k: int = Field(0, ge=0, description="keep the k most likely tokens (0: all)")
-    max_new_tokens: PositiveInt = Field(128, description="new tokens per prompt at most")
-    limit: PositiveInt | None = Field(None, description="evaluate the first N prompts only")
-    prompt_lookup: int = Field(0, ge=0, description="also time transformers' prompt-lookup decoding with N tokens (0: off)")
-    seed: int = Field(0, description="sampling seed")
+    chain: PositiveInt | None = Field(None, description="draft a chain of this many tokens", json_schema_extra=DECIDES)
+    tree: str | None = Field(None, description="EAGLE-2 dynamic tree DEPTH,TOPK,TOTAL (default 5,4,16)", json_schema_extra=DECIDES)
+    temperature: float = Field(0.0, ge=0, description="0: greedy (lossless: the target's own greedy output)", json_schema_extra=DECIDES)
+    top_p: float = Field(1.0, gt=0, le=1, description="nucleus sampling mass", json_schema_extra=DECIDES)
+    top_k: int = Field(0, ge=0, description="keep the k most likely tokens (0: all)", json_schema_extra=DECIDES)
+    max_new_tokens: PositiveInt = Field(128, description="new tokens per prompt at most", json_schema_extra=DECIDES)
+    limit: PositiveInt | None = Field(None, description="evaluate the first N prompts only", json_schema_extra=DECIDES)
+    prompt_lookup: int = Field(0, ge=0, description="also time transformers' prompt-lookup decoding with N tokens (0: off)", json_schema_extra=DECIDES)
+    seed: int = Field(0, description="sampling seed", json_schema_extra=DECIDES)
     device: str | None = Field(None, description="cpu, cuda or cuda:N (default cuda if present)")
-    dtype: DtypeChoice = Field("auto", description=f"dtype of target and draft ({AUTO_HELP})")
+    dtype: DtypeChoice = Field("auto", description=f"dtype of target and draft ({AUTO_HELP})", json_schema_extra=DECIDES)
     overwrite: bool = Field(False, description="replace another report in --out")
     trust_remote_code: bool = Field(False, description="allow custom model code from the target directory")
 
@@ -176,14 +197,37 @@ class ExportConfig(StageConfig):
     """`eyas export`: an eyas draft -> the checkpoint format vLLM, SGLang or speculators loads."""
 
     draft: Path = Field(description="eyas draft directory")
-    format: Literal["vllm", "sglang", "speculators"] = Field(description="engine format (sets the layer-id convention)")
+    format: Literal["vllm", "sglang", "speculators"] = Field(description="engine format (sets the layer-id convention)", json_schema_extra=DECIDES)
     out: Path = Field(description="directory to write config.json and model.safetensors to")
     target: Path | None = Field(None, description="the target (for --with-embedding and the speculators verifier)")
-    with_embedding: bool = Field(False, description="also write the target's embedding as embed_tokens.weight")
-    verifier: str | None = Field(None, description="speculators: verifier name or path (default: --target)")
-    speculative_tokens: PositiveInt = Field(3, description="speculators: tokens its greedy proposal drafts")
-    dtype: Literal["bfloat16", "float16", "float32"] | None = Field(None, description="tensor dtype (default: as saved)")
+    with_embedding: bool = Field(False, description="also write the target's embedding as embed_tokens.weight", json_schema_extra=DECIDES)
+    verifier: str | None = Field(None, description="speculators: verifier name or path (default: --target)", json_schema_extra=DECIDES)
+    speculative_tokens: PositiveInt = Field(3, description="speculators: tokens its greedy proposal drafts", json_schema_extra=DECIDES)
+    dtype: Literal["bfloat16", "float16", "float32"] | None = Field(None, description="tensor dtype (default: as saved)", json_schema_extra=DECIDES)
     overwrite: bool = Field(False, description="replace another export in --out")
+    trust_remote_code: bool = Field(False, description="allow custom tokenizer code from the target directory")
+
+
+class ImportConfig(StageConfig):
+    """`eyas import`: a published EAGLE-3 draft -> an eyas draft directory, to evaluate or fine-tune it."""
+
+    source: Path = Field(description="published draft dir (EAGLE-3 HF format, SpecForge, ModelOpt, speculators)",
+                         json_schema_extra=ARGUMENT)
+    out: Path = Field(description="eyas draft dir to write")
+    target: Path | None = Field(None, description="the target: default layer ids, fingerprint, size checks")
+    layer_convention: Convention | None = Field(
+        None, description="how the draft's layer ids count: input (vLLM-made) or output (SGLang/SpecForge/ModelOpt-made)",
+        json_schema_extra=DECIDES)
+    overwrite: bool = Field(False, description="replace another draft in --out")
+    trust_remote_code: bool = Field(False, description="allow custom tokenizer code from the target directory")
+
+
+class CheckDraftConfig(StageConfig):
+    """`eyas check-draft`: a draft directory checked against its target for an engine, before serving."""
+
+    draft: Path = Field(description="draft dir as the engine will load it", json_schema_extra=ARGUMENT)
+    target: Path = Field(description="the target the engine will serve")
+    engine: Literal["vllm", "sglang"] = Field(description="the engine that will load the draft")
     trust_remote_code: bool = Field(False, description="allow custom tokenizer code from the target directory")
 
 

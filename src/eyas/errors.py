@@ -1,4 +1,8 @@
-"""Errors a user can act on: the CLI prints each as one line and exits with code 2."""
+"""Errors a user can act on: the CLI prints each as one line and exits with its `exit_code`.
+
+Exit codes, the same in every verb (docs/cli.md): 0 ok; 1 a check found problems (verify, audit,
+preflight, check-draft, and a stage stopped by its own preflight); 2 bad input or usage; 3 this
+environment cannot run it (an engine or package not installed, no such device)."""
 
 from __future__ import annotations
 
@@ -9,6 +13,18 @@ class EyasError(Exception):
     """A problem with the user's input, config or environment (not a bug in eyas)."""
 
     exit_code = 2
+
+
+class ChecksFailed(EyasError):
+    """A check (a preflight, a verification) found problems: exit code 1."""
+
+    exit_code = 1
+
+
+class CannotRun(EyasError):
+    """This environment cannot run the command (a missing engine or package, no such device): exit code 3."""
+
+    exit_code = 3
 
 
 class DiskFull(EyasError):

@@ -30,7 +30,7 @@ def test_a_malformed_tree_is_refused_before_any_stage(tmp_path: Path) -> None:
 def test_shipped_sizes_have_every_stage_under_their_own_out(size: str) -> None:
     path = SIZES / f"{size}.yaml"
     doc = yaml.safe_load(path.read_text())
-    assert set(doc) == set(STAGE_NAMES)
+    assert set(doc) == set(STAGE_NAMES) - {"import", "check-draft"}  # every pipeline stage; no published draft
     demo = load_stage_config(DemoConfig, "demo", path)
     for stage in ("regenerate", "prepare", "extract", "train", "eval", "export"):
         assert stage in doc, stage

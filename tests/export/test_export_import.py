@@ -21,7 +21,7 @@ from safetensors.torch import load_file, save_file
 from eyas.draft.attention import EagerTTTAttention
 from eyas.draft.config import draft_config_for_target
 from eyas.draft.model import Eagle3Draft, load_draft, save_draft
-from eyas.export.formats import from_convention, to_convention
+from eyas.target.layers import from_input_convention, to_input_convention
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -88,9 +88,10 @@ def test_layer_ids_per_engine_and_back(run_cli, tmp_path: Path) -> None:
         config = json.loads((tmp_path / fmt / "config.json").read_text())
         written[fmt] = config.get("eagle_aux_hidden_state_layer_ids") or config["eagle_config"]["eagle_aux_hidden_state_layer_ids"]
     assert written == {"vllm": [2, 4, 5], "sglang": [1, 3, 4], "speculators": [2, 4, 5]}
-    assert to_convention(AUX, "output") == [1, 3, 4] and from_convention([1, 3, 4], "output") == AUX
+    assert from_input_convention(AUX, "output") == [1, 3, 4]
+    assert to_input_convention([1, 3, 4], "output", TARGET_LAYERS) == AUX
     with pytest.raises(Exception, match="embedding output"):
-        to_convention([0, 3, 5], "output")
+        from_input_convention([0, 3, 5], "output")
 
 
 def published_hf(root: Path, ids: list[int] | None, names: str = "midlayer", prefix: str = "", bin_file: bool = False,

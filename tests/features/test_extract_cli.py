@@ -94,14 +94,14 @@ def test_dataset_for_another_target_is_refused_before_weights_load(tiny_targets,
     data = prepared(tiny_targets["llama3"])  # a different tokenizer and template
     target = weighted_target("llama")
     result = run_cli(*extract_args(target, data, tmp_path / "store"))
-    assert result.code == 2 and result.err.count("\n") == 1
+    assert result.code == 1 and result.err.count("\n") == 1  # found by the preflight: exit 1, as a check
     assert "the dataset was prepared for another tokenizer or chat template" in result.err
     assert not (tmp_path / "store").exists()
 
 
 def preflight_problem(run_cli, *args: str | Path) -> str:
     result = run_cli(*args)
-    assert result.code == 2 and result.err.count("\n") == 1 and "Traceback" not in result.err, result.err
+    assert result.code == 1 and result.err.count("\n") == 1 and "Traceback" not in result.err, result.err
     assert result.err.startswith("eyas: error: preflight found")
     return result.err
 

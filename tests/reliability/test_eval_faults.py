@@ -63,14 +63,15 @@ def reference(inputs, tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def test_disk_full_while_appending_a_result_then_rerun_matches(inputs, reference: Path, tmp_path: Path) -> None:
     out = tmp_path / "report"
-    # 4 pages: the lock, progress.json, config.yaml and the first page of results.jsonl
-    runs = on_full_disk_then_rerun(eval_command(inputs, out), out, 4 * PAGE // 1024, tmp_path / "copies",
+    # 5 pages: the lock, run.json, progress.json, config.yaml and the first page of results.jsonl
+    runs = on_full_disk_then_rerun(eval_command(inputs, out), out, 5 * PAGE // 1024, tmp_path / "copies",
                                    environment())
     assert runs.failed.code == 2
     assert runs.failed.err == (f"eyas: error: {out / 'results.jsonl'}: disk full (No space left on device) while "
                                "writing it; free space and rerun the same command to resume\n")
     left = runs.left
-    assert sorted(p.name for p in left.iterdir()) == [".eyas-lock", "config.yaml", "progress.json", "results.jsonl"]
+    assert sorted(p.name for p in left.iterdir()) == [".eyas-lock", "config.yaml", "progress.json", "results.jsonl",
+                                                      "run.json"]
     text = (left / "results.jsonl").read_text()
     assert text.endswith("\n") and len(text) <= PAGE  # the result that did not fit was cut back whole
     kept, expected = results(left), results(reference)

@@ -68,8 +68,8 @@ def pages(size: int) -> int:
 def test_disk_full_while_writing_a_shard_then_rerun_is_byte_identical(inputs, reference, tmp_path: Path) -> None:
     store, _ = reference
     shards = read_store_manifest(store).shards
-    # the lock, config.yaml, progress and shard 0 fit; shard 1 runs out of space half way
-    size = PAGE // 1024 * (3 + pages(shards[0].bytes) + pages(shards[1].bytes) // 2)
+    # the lock, run.json, config.yaml, progress and shard 0 fit; shard 1 runs out of space half way
+    size = PAGE // 1024 * (4 + pages(shards[0].bytes) + pages(shards[1].bytes) // 2)
     out = tmp_path / "out"
     runs = on_full_disk_then_rerun(extract_command(*inputs, out), out, size, tmp_path / "copies", environment())
     assert runs.failed.code == 2
@@ -77,7 +77,7 @@ def test_disk_full_while_writing_a_shard_then_rerun_is_byte_identical(inputs, re
                                "while writing it; free space and rerun the same command to resume\n")
     left = runs.left
     assert sorted(p.name for p in left.iterdir()) == [".eyas-lock", "config.yaml", "progress-rank0.json",
-                                                      "shard-00000.safetensors"]  # no temporary file, no manifest
+                                                      "run.json", "shard-00000.safetensors"]  # no temporary file, no manifest
     progress = json.loads((left / "progress-rank0.json").read_text())
     assert [s["file"] for s in progress["shards"]] == ["shard-00000.safetensors"]
     assert (left / "shard-00000.safetensors").read_bytes() == (store / "shard-00000.safetensors").read_bytes()

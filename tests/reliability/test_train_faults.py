@@ -86,10 +86,10 @@ def pages(root: Path) -> int:
 def test_disk_full_while_writing_a_checkpoint_then_rerun_matches(store, reference, tmp_path: Path) -> None:
     done, _ = reference
     second = done / "checkpoints" / "step-00000002"
-    # the lock, config.yaml, metrics.jsonl, checkpoint 1 and best/ fit, with room for best/ written
+    # the lock, run.json, config.yaml, metrics.jsonl, checkpoint 1 and best/ fit, with room for best/ written
     # again; checkpoint 2 gets its draft in, then runs out of space half way through the optimizer state
     room = pages(second / "draft") + pages(second / "optimizer.safetensors") // 2
-    size = PAGE // 1024 * (3 + pages(done / "checkpoints" / "step-00000001") + pages(done / "best") + room)
+    size = PAGE // 1024 * (4 + pages(done / "checkpoints" / "step-00000001") + pages(done / "best") + room)
     out = tmp_path / "run"
     runs = on_full_disk_then_rerun(train_command(store, out), out, size, tmp_path / "copies", environment())
     assert runs.failed.code == 2
@@ -97,7 +97,7 @@ def test_disk_full_while_writing_a_checkpoint_then_rerun_matches(store, referenc
                                "device) while writing it; free space and rerun the same command to resume\n")
     left = runs.left
     assert sorted(p.name for p in left.iterdir()) == [".eyas-lock", "best", "checkpoints", "config.yaml",
-                                                      "metrics.jsonl"]
+                                                      "metrics.jsonl", "run.json"]
     assert [p.name for p in (left / "checkpoints").iterdir()] == ["step-00000001"]  # no temporary directory
     assert temporary_files(left) == []
     first = Path("checkpoints") / "step-00000001"
@@ -170,4 +170,4 @@ def test_an_update_that_wrecks_the_weights_is_never_saved(extra: list[str], expe
     failed = subprocess.run(train_command(store, out, *extra), capture_output=True, text=True, env=environment())
     assert failed.returncode == 2
     assert re.fullmatch(f"eyas: error: train: {expected}: {re.escape(STOPPED)}\n", failed.stderr), failed.stderr
-    assert sorted(p.name for p in out.iterdir()) == [".eyas-lock", "config.yaml", "metrics.jsonl"]
+    assert sorted(p.name for p in out.iterdir()) == [".eyas-lock", "config.yaml", "metrics.jsonl", "run.json"]

@@ -25,7 +25,7 @@ from eyas.features.store import FeatureShard, read_store_manifest, verify_store
 from eyas.target.capture import FeatureCapture
 from eyas.target.load import load_target
 from eyas.target.vllm.contract import VLLM_PATHS, VllmPath, path_for
-from eyas.target.vllm.layout import to_sample, vllm_layer_ids
+from eyas.target.vllm.layout import layer_features, vllm_layer_ids
 from eyas.target.vllm.residual import ResidualCapture
 
 
@@ -35,19 +35,19 @@ def test_layout_maps_vllm_columns_to_the_stores_aux_and_last() -> None:
     assert requested == [2, 5, 6]  # sorted, unique, with N: what vLLM returns columns for
     hidden = torch.arange(4 * 3 * 2, dtype=torch.float32).view(4, 3, 2)  # [T, n, H]
     ids = np.array([7, 8, 9, 10], dtype=np.int32)
-    sample = to_sample(hidden, torch.tensor([7, 8, 9, 10]), requested, aux_ids, layers, 3, ids, np.ones(4, bool), "here")
-    assert torch.equal(sample.aux, torch.cat([hidden[:, 1], hidden[:, 0]], dim=-1))  # input 5, then input 2
-    assert torch.equal(sample.last, hidden[:, 2]) and sample.sample_id == 3
+    aux, last = layer_features(hidden, torch.tensor([7, 8, 9, 10]), requested, aux_ids, layers, ids, "here")
+    assert torch.equal(aux, torch.cat([hidden[:, 1], hidden[:, 0]], dim=-1))  # input 5, then input 2
+    assert torch.equal(last, hidden[:, 2])
 
 
 def test_layout_refuses_features_of_another_prompt() -> None:
     requested = [2, 5, 6]
     hidden = torch.zeros(4, 3, 2)
     ids = np.array([7, 8, 9, 10], dtype=np.int32)
-    with pytest.raises(EyasError, match=r"data/x: sample 3: .*not sample 3's"):
-        to_sample(hidden, torch.tensor([7, 8, 1, 10]), requested, [2, 5], 6, 3, ids, np.ones(4, bool), "data/x: sample 3")
+    with pytest.raises(EyasError, match=r"data/x: sample 3: .*not this sample's"):
+        layer_features(hidden, torch.tensor([7, 8, 1, 10]), requested, [2, 5], 6, ids, "data/x: sample 3")
     with pytest.raises(EyasError, match=r"shape \(4, 2, 2\)"):
-        to_sample(hidden[:, :2], torch.tensor([7, 8, 9, 10]), requested, [2, 5], 6, 3, ids, np.ones(4, bool), "x")
+        layer_features(hidden[:, :2], torch.tensor([7, 8, 9, 10]), requested, [2, 5], 6, ids, "x")
 
 
 class _FusedNorm(nn.Module):
@@ -190,14 +190,14 @@ def test_without_vllm_or_gpu_extract_fails_in_seconds_with_every_reason(weighted
     target = weighted_target("llama")
     started = time.perf_counter()
     result = run_cli("extract", "--target", target, "--data", prepared(target), "--out", tmp_path / "s", "--backend", "vllm")
-    assert result.code != 0 and time.perf_counter() - started < 30
+    assert result.code == 3 and time.perf_counter() - started < 30  # this environment cannot run it
     assert result.err.count("\n") == 1 and "Traceback" not in result.err
     assert "vLLM is not installed (pip install vllm; supported: >=0.11.0,<0.22.0" in result.err
     assert "--backend vllm: needs a CUDA GPU and none is visible" in result.err
     assert not (tmp_path / "s" / "manifest.json").exists()
     skipped = run_cli("extract", "--target", target, "--data", prepared(target), "--out", tmp_path / "t", "--backend",
                       "vllm", "--no-preflight")
-    assert skipped.code != 0 and "vLLM is not installed" in skipped.err and skipped.err.count("\n") == 1
+    assert skipped.code == 3 and "vLLM is not installed" in skipped.err and skipped.err.count("\n") == 1
 
 
 def test_preflight_vllm_lists_the_contract_and_names_the_missing_engine(run_cli, monkeypatch: pytest.MonkeyPatch) -> None:

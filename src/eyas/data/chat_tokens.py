@@ -11,6 +11,9 @@ rendering a probe conversation with sentinel contents:
 An assistant span runs from the end of its header to the end of its end-of-turn marker, so
 whatever the template renders there (a thinking block included) is trained on, and the
 header, which the server writes into the prompt, is not.
+
+A prompt (`eyas regenerate`, `eyas eval`) is rendered by the same template call, with the
+generation prompt, and tokenized the same way (`ChatEncoder.prompt_ids`).
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from eyas.data.records import Conversation, Document
+from eyas.data.records import Conversation, Document, Prompt
 from eyas.errors import EyasError, InputError
 
 _PROBE_USER = ("eyasprobeuserone", "eyasprobeusertwo")
@@ -63,10 +66,15 @@ def _first_special_end(text: str, specials: list[str]) -> int:
 
 
 class ChatEncoder:
-    """Renders records with a tokenizer's chat template and returns ids with loss masks."""
+    """Renders records with a tokenizer's chat template and returns ids with loss masks, or a prompt's ids.
 
-    def __init__(self, tokenizer: Any, template_kwargs: dict[str, Any], last_turn_only: bool, origin: str) -> None:
-        if not getattr(tokenizer, "is_fast", False):
+    `masks=False` makes an encoder of prompts only (`prompt_ids`): it needs no offset mapping, so it
+    takes a slow tokenizer too; otherwise a tokenizer without a fast version is refused.
+    """
+
+    def __init__(self, tokenizer: Any, template_kwargs: dict[str, Any], last_turn_only: bool, origin: str,
+                 masks: bool = True) -> None:
+        if masks and not getattr(tokenizer, "is_fast", False):
             raise EyasError(f"{origin}: tokenizer has no fast (Rust) version; eyas needs its offset mapping")
         self.tokenizer = tokenizer
         self.template_kwargs = template_kwargs
@@ -161,6 +169,29 @@ class ChatEncoder:
                 except Exception as exc:
                     raise InputError(conversation.source, conversation.field, f"chat template failed: {exc}", "chat template failed") from None
             raise
+
+    def prompt_ids(self, prompt: Prompt, where: str) -> list[int]:
+        """Return the token ids the target is asked `prompt` with: its chat rendered with the generation
+        prompt (and the template kwargs, as conversations are) and tokenized without adding special
+        tokens; raw `text`, and a `prompt` when the tokenizer has no chat template, tokenized as is.
+
+        Refuses, naming `where` and the field, `messages` without a chat template, a template that
+        fails on the prompt, and a prompt of no tokens.
+        """
+        raw = prompt.text if prompt.text is not None or self.tokenizer.chat_template else prompt.prompt  # None: a chat
+        ids = self.tokenizer(raw)["input_ids"] if raw is not None else self._chat_prompt_ids(prompt, where)
+        if not ids:
+            raise EyasError(f"{where}: {prompt.kind}: no tokens")
+        return list(ids)
+
+    def _chat_prompt_ids(self, prompt: Prompt, where: str) -> list[int]:
+        if not self.tokenizer.chat_template:
+            raise EyasError(f"{where}: messages: the target's tokenizer has no chat template")
+        try:
+            text = self._render([prompt.messages], generation_prompt=True)[0]
+        except Exception as exc:  # a template is arbitrary Jinja (it may raise on purpose)
+            raise EyasError(f"{where}: {prompt.kind}: chat template failed: {exc}") from None
+        return self.tokenizer(text, add_special_tokens=False)["input_ids"]
 
     def encode(self, records: list[Conversation | Document]) -> list[Encoded]:
         """Tokenize a batch of records; conversations through the template, documents as plain text.

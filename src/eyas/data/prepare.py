@@ -18,7 +18,7 @@ from typing import TypeVar
 from safetensors.numpy import load_file, save_file
 
 from eyas import __version__
-from eyas.config import PrepareConfig, write_resolved_config
+from eyas.config import PrepareConfig
 from eyas.data import dataset as ds
 from eyas.data.chat_tokens import ChatEncoder, Encoded
 from eyas.data.records import Conversation, Document, Prompt, parse_record
@@ -26,8 +26,8 @@ from eyas.data.sources import RawRecord, count_records, expand_inputs, read_reco
 from eyas.data.vocab import CACHE_DIR, cached_draft_vocab, save_draft_vocab
 from eyas.errors import EyasError, InputError
 from eyas.files import sha256_file, sha256_text, sha256_tree, write_atomic, write_json_atomic, write_text_atomic
-from eyas.outputs import claim_output_dir
 from eyas.progress import stage_progress
+from eyas.stage import Stage
 from eyas.target.fingerprint import TargetFingerprint, target_fingerprint
 from eyas.target.tokenizer import load_tokenizer
 
@@ -41,35 +41,22 @@ def _batched(items: Iterable[Item], size: int) -> Iterator[list[Item]]:
         yield batch
 
 
-def _run_key(config: PrepareConfig, target: TargetFingerprint, inputs: list[dict[str, str]]) -> str:
-    """Hash of everything that decides the dataset's bytes (not the vocab size, batch size or paths out)."""
-    decisive = {
-        "format_version": ds.FORMAT_VERSION,
-        "tokenizer": target.tokenizer,
-        "chat_template": target.chat_template,
-        "vocab_size": target.vocab_size,
-        "inputs": [i["sha256"] for i in inputs],
-        "max_length": config.max_length,
-        "last_turn_only": config.last_turn_only,
-        "skip_invalid": config.skip_invalid,
-        "chat_template_kwargs": config.chat_template_kwargs,
-        "records_per_shard": config.records_per_shard,
-    }
-    return sha256_text(json.dumps(decisive, sort_keys=True, default=str))
+PREPARE = Stage("prepare", "an eyas dataset",
+                ("data-*.parquet", "prompts-*.jsonl", ds.MANIFEST, ds.PROGRESS, ds.TOKEN_COUNTS, ds.VOCAB, CACHE_DIR),
+                keyed=(ds.MANIFEST, ds.PROGRESS))
 
 
-_OWN_FILES = ("data-*.parquet", "prompts-*.jsonl", ds.MANIFEST, ds.PROGRESS, ds.TOKEN_COUNTS, ds.VOCAB, "config.yaml",
-              CACHE_DIR)
+def _identities(target: TargetFingerprint, inputs: list[dict[str, str]]) -> dict[str, object]:
+    """Return what, besides the deciding config fields, decides the dataset's bytes (not the paths)."""
+    return {"format_version": ds.FORMAT_VERSION, "tokenizer": target.tokenizer, "chat_template": target.chat_template,
+            "vocab_size": target.vocab_size, "inputs": [i["sha256"] for i in inputs]}
 
 
-def _claim_output(config: PrepareConfig, run_key: str) -> tuple[ds.DatasetManifest | None, list[ds.ShardStats]]:
-    """Return (finished manifest or None, finished shards) of this run in `out`; refuse to clobber other data."""
-    manifest = ds.read_manifest(config.out) if (config.out / ds.MANIFEST).is_file() else None
-    progress = ds.read_progress(config.out)
-    keys = {found.run_key for found in (manifest, progress) if found is not None}
-    if claim_output_dir(config.out, run_key, keys, _OWN_FILES, config.overwrite, "an eyas dataset"):
-        return manifest, progress.shards if progress else []
-    return None, []
+def _finished_part(out: Path) -> tuple[ds.DatasetManifest | None, list[ds.ShardStats]]:
+    """Return (finished manifest or None, finished shards) of the run `out` holds."""
+    manifest = ds.read_manifest(out) if (out / ds.MANIFEST).is_file() else None
+    progress = ds.read_progress(out)
+    return manifest, progress.shards if progress else []
 
 
 class _ShardBuilder:
@@ -187,9 +174,9 @@ def run_prepare(config: PrepareConfig) -> tuple[ds.DatasetManifest, bool]:
     tokenizer = load_tokenizer(config.target, config.trust_remote_code)
     target = target_fingerprint(config.target, tokenizer)
     inputs = [{"path": str(p), "sha256": sha256_tree(p)} for p in inputs_paths]
-    run_key = _run_key(config, target, inputs)
-    finished, done = _claim_output(config, run_key)
-    write_resolved_config(config, "prepare", config.out)
+    run = PREPARE.claim(config, _identities(target, inputs))
+    run_key = run.key
+    finished, done = _finished_part(config.out) if run.resumed else (None, [])
     if finished is not None:
         manifest = _attach_vocab(config, finished)
         write_json_atomic(config.out / ds.MANIFEST, manifest.model_dump(mode="json"))

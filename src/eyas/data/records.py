@@ -4,13 +4,14 @@ Accepted shapes:
 - ShareGPT: `{"conversations": [{"from": "human"|"gpt"|"system"|..., "value": str}]}`
 - OpenAI: `{"messages": [{"role": "system"|"user"|"assistant", "content": str}]}`
 - plain document: `{"text": str}` (every token is trained on)
-- prompt only: `{"prompt": str}` (kept for `eyas regenerate`, not trained on)
+- prompt only: `{"prompt": str}` (kept for `eyas regenerate`, not trained on; `Prompt` is also the
+  type `eyas regenerate` and `eyas eval` read their prompts into, eyas.data.prompts)
 Anything else is an `InputError` naming the record and the field.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from eyas.errors import InputError
@@ -52,8 +53,33 @@ class Document:
 
 @dataclass(frozen=True)
 class Prompt:
+    """A request for the target to answer, as its record gave it: exactly one of `prompt` (one user
+    message), `turns` (`{role, content}` messages, roles as written) or `text` (raw text, no chat
+    template). `ids` are its token ids once rendered for a target (eyas.data.prompts), else empty."""
+
     source: str
-    prompt: str
+    prompt: str | None = None
+    turns: list[dict[str, str]] | None = None
+    text: str | None = None
+    ids: list[int] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if sum(value is not None for value in (self.prompt, self.turns, self.text)) != 1:
+            raise ValueError("a Prompt holds exactly one of prompt, turns or text")
+
+    @property
+    def kind(self) -> str:
+        """The record field this prompt came from: "prompt", "messages" or "text"."""
+        return "prompt" if self.prompt is not None else "messages" if self.turns is not None else "text"
+
+    @property
+    def messages(self) -> list[dict[str, str]]:
+        """The chat the template renders: `turns`, or `prompt` as one user message; refuses raw text."""
+        if self.turns is not None:
+            return self.turns
+        if self.prompt is not None:
+            return [{"role": "user", "content": self.prompt}]
+        raise ValueError("a raw-text prompt has no messages")
 
 
 Record = Conversation | Document | Prompt

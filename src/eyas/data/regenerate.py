@@ -20,30 +20,24 @@ from typing import Any
 
 import torch
 
-from eyas.config import RegenerateConfig, write_resolved_config
-from eyas.decode.prompts import chat_messages
+from eyas.config import RegenerateConfig
+from eyas.data.chat_tokens import ChatEncoder
+from eyas.data.prompts import CHAT_KINDS, eos_ids, generate_kwargs, read_prompt_files
+from eyas.data.records import Prompt
 from eyas.errors import EyasError
-from eyas.files import LineLog, sha256_file, sha256_text, write_json_atomic, write_text_atomic
-from eyas.outputs import claim_output_dir
+from eyas.files import sha256_file, write_text_atomic
 from eyas.precision import choose_dtype
 from eyas.progress import stage_progress
+from eyas.stage import JsonLines, Stage
 from eyas.target.fingerprint import target_fingerprint
 from eyas.target.load import load_target, resolve_device
 from eyas.target.tokenizer import load_tokenizer
-from eyas.train.batches import group_under_budget
+from eyas.data.budget import group_under_budget
 
 CONVERSATIONS = "conversations.jsonl"
 REJECTED = "rejected.jsonl"
 PROGRESS = "progress.json"
-_OWN = (CONVERSATIONS, REJECTED, PROGRESS, "config.yaml")
-
-
-@dataclass(frozen=True)
-class Prompt:
-    index: int
-    messages: list[dict[str, str]]
-    source: str
-    ids: list[int]
+REGENERATE = Stage("regenerate", "an eyas regenerate output", (CONVERSATIONS, REJECTED, PROGRESS), keyed=(PROGRESS,))
 
 
 @dataclass
@@ -66,40 +60,22 @@ def _prompt_files(path: Path) -> list[Path]:
     return [path]
 
 
-def read_prompts(config: RegenerateConfig, tokenizer: Any) -> tuple[list[Prompt], list[dict[str, Any]]]:
-    """Return the valid prompts in input order and the rejected records (only with `skip_invalid`)."""
-    prompts: list[Prompt] = []
-    rejected: list[dict[str, Any]] = []
-    for file in _prompt_files(config.prompts):
-        for number, line in enumerate(file.read_text(encoding="utf-8").splitlines(), 1):
-            if config.limit is not None and len(prompts) >= config.limit:
-                return prompts, rejected
-            if not line.strip():
-                continue
-            where = f"{file}:{number}"
-            try:
-                record = json.loads(line)
-                if not isinstance(record, dict):
-                    raise EyasError(f"{where}: expected a JSON object")
-                messages = chat_messages(record, tokenizer, where, kinds=("prompt", "messages"))
-                if messages[-1]["role"] != "user":
-                    raise EyasError(f"{where}: messages: the last message must be the user's (the target answers it)")
-                text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-                ids = tokenizer(text, add_special_tokens=False)["input_ids"]
-                if len(ids) + config.max_new_tokens > config.token_budget:
-                    raise EyasError(f"{where}: prompt: {len(ids)} tokens + max_new_tokens exceed the token budget "
-                                    f"({config.token_budget})")
-            except json.JSONDecodeError as error:
-                problem = f"{where}: not JSON ({error.msg})"
-            except EyasError as error:
-                problem = str(error)
-            else:
-                prompts.append(Prompt(len(prompts), messages, str(record.get("source") or where), list(ids)))
-                continue
-            if not config.skip_invalid:
-                raise EyasError(problem)
-            rejected.append({"where": where, "reason": problem.removeprefix(f"{where}: ")})
-    return prompts, rejected
+def _unanswerable(prompt: Prompt, config: RegenerateConfig) -> str | None:
+    """Return why the target cannot answer the rendered `prompt` under `config` ("field: reason"), or None."""
+    if prompt.messages[-1]["role"] != "user":
+        return "messages: the last message must be the user's (the target answers it)"
+    if len(prompt.ids) + config.max_new_tokens > config.token_budget:
+        return f"prompt: {len(prompt.ids)} tokens + max_new_tokens exceed the token budget ({config.token_budget})"
+    return None
+
+
+def read_prompts(config: RegenerateConfig, tokenizer: Any) -> tuple[list[Prompt], list[dict[str, str]]]:
+    """Return the answerable prompts in input order, rendered with `chat_template_kwargs`, and the rejected
+    records (only with `skip_invalid`); refuses a bad record (eyas.data.prompts), one whose last message is
+    not the user's, and one over the token budget with `max_new_tokens`."""
+    encoder = ChatEncoder(tokenizer, config.chat_template_kwargs, False, str(config.target), masks=False)
+    return read_prompt_files(_prompt_files(config.prompts), encoder, CHAT_KINDS, config.limit, config.skip_invalid,
+                             lambda prompt: _unanswerable(prompt, config))
 
 
 def plan_batches(prompts: list[Prompt], max_new_tokens: int, token_budget: int) -> list[list[Prompt]]:
@@ -113,15 +89,13 @@ def _answer(model: Any, tokenizer: Any, batch: list[Prompt], config: RegenerateC
     """Return (answer, finish reason, new tokens) per prompt of `batch`, generated left-padded in one call."""
     device = model.device
     width = max(len(p.ids) for p in batch)
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    eos = eos_ids(model, tokenizer)
+    keywords = generate_kwargs(eos, config.temperature, config.top_p, pad=tokenizer.pad_token_id)
+    pad = keywords["pad_token_id"]
     ids = torch.tensor([[pad] * (width - len(p.ids)) + p.ids for p in batch], device=device)  # [B, L] left-padded
     mask = torch.tensor([[0] * (width - len(p.ids)) + [1] * len(p.ids) for p in batch], device=device)
     torch.manual_seed(seed)
-    sample = {"do_sample": True, "temperature": config.temperature, "top_p": config.top_p, "top_k": None} \
-        if config.temperature > 0 else {"do_sample": False, "temperature": None, "top_p": None, "top_k": None}
-    out = model.generate(ids, attention_mask=mask, max_new_tokens=config.max_new_tokens, pad_token_id=pad, **sample)
-    eos = set(model.generation_config.eos_token_id if isinstance(model.generation_config.eos_token_id, list)
-              else [model.generation_config.eos_token_id, tokenizer.eos_token_id])
+    out = model.generate(ids, attention_mask=mask, max_new_tokens=config.max_new_tokens, **keywords)
     answers = []
     for row in out[:, width:].tolist():
         stop = next((i for i, token in enumerate(row) if token in eos), None)
@@ -131,18 +105,15 @@ def _answer(model: Any, tokenizer: Any, batch: list[Prompt], config: RegenerateC
     return answers
 
 
-def _finished(path: Path, batches: list[list[Prompt]]) -> int:
+def _finished(conversations: JsonLines, batches: list[list[Prompt]]) -> int:
     """Return how many leading batches `conversations.jsonl` holds whole; drop anything after them."""
-    if not path.is_file():
-        return 0
-    lines = [line for line in path.read_text(encoding="utf-8").splitlines(keepends=True) if line.endswith("\n")]
-    done, kept = 0, 0
+    lines, done, kept = len(conversations.read()), 0, 0
     for batch in batches:
-        if kept + len(batch) > len(lines):
+        if kept + len(batch) > lines:
             break
         kept += len(batch)
         done += 1
-    write_text_atomic(path, "".join(lines[:kept]))
+    conversations.keep(kept)
     return done
 
 
@@ -158,23 +129,18 @@ def run_regenerate(config: RegenerateConfig) -> RegenerateResult:
         raise EyasError(f"{config.prompts}: no prompts to answer")
     fingerprint = target_fingerprint(config.target, tokenizer)
     inputs = [sha256_file(f) for f in _prompt_files(config.prompts)]
-    decisive = {k: v for k, v in config.model_dump(mode="json").items() if k not in ("out", "overwrite", "device")}
-    run_key = sha256_text(json.dumps({**decisive, "target": fingerprint.id, "inputs": inputs}, sort_keys=True))
-    progress = config.out / PROGRESS
-    existing = {json.loads(progress.read_text(encoding="utf-8"))["run_key"]} if progress.is_file() else set()
-    claim_output_dir(config.out, run_key, existing, _OWN, config.overwrite, "an eyas regenerate output")
-    write_json_atomic(progress, {"run_key": run_key, "prompts": len(prompts), "rejected": len(rejected),
-                                 "precision": precision.record()})
-    write_resolved_config(config, "regenerate", config.out, (precision.note("dtype"),))
+    run = REGENERATE.claim(config, {"target": fingerprint.id, "inputs": inputs}, (precision.note("dtype"),))
+    run.write_progress({"run_key": run.key, "prompts": len(prompts), "rejected": len(rejected),
+                        "precision": precision.record()})
     precision.announce("regenerate dtype")
     write_text_atomic(config.out / REJECTED, "".join(json.dumps(r) + "\n" for r in rejected))
     batches = plan_batches(prompts, config.max_new_tokens, config.token_budget)
-    done = _finished(config.out / CONVERSATIONS, batches)
+    done = _finished(run.lines(CONVERSATIONS), batches)
     new_tokens = 0
     if done < len(batches):
         parts = load_target(config.target, precision.torch_dtype, resolve_device(config.device), config.trust_remote_code)
         started = time.perf_counter()
-        with LineLog(config.out / CONVERSATIONS) as handle, stage_progress() as bar:
+        with run.lines(CONVERSATIONS).appender() as handle, stage_progress() as bar:
             task = bar.add_task("regenerate", total=len(prompts), completed=sum(len(b) for b in batches[:done]), rate="")
             for number in range(done, len(batches)):
                 batch = batches[number]

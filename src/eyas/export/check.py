@@ -3,35 +3,56 @@ before anyone starts a server."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Literal
 
+from pydantic import ValidationError
+
+from eyas.draft.config import target_problems
 from eyas.errors import EyasError
-from eyas.export.formats import CONVENTION_OF, Convention, from_convention
+from eyas.export.formats import CONVENTION_OF
 from eyas.export.importer import checked_config, num_layers_of, target_facts
-from eyas.export.reader import default_ids, read_published, target_fit_problems, tensor_problems
+from eyas.export.reader import Published, read_published, resolve_ids, tensor_problems
+from eyas.target.fingerprint import TargetFingerprint
+from eyas.target.layers import Convention
 
 Engine = Literal["vllm", "sglang"]
+
+
+def trained_for(published: Published) -> tuple[TargetFingerprint | None, list[str]]:
+    """Return the fingerprint of the target an eyas export records (None in drafts eyas did not export),
+    and the problem of a recorded one that is no fingerprint."""
+    provenance = published.config.get("eyas")
+    recorded = provenance.get("target") if isinstance(provenance, dict) else None
+    if recorded is None:
+        return None, []
+    try:
+        return TargetFingerprint.model_validate(recorded), []
+    except ValidationError:
+        return None, ["eyas.target: not a target fingerprint (an eyas export records one)"]
 
 
 def check_draft(path: Path, target: Path, engine: Engine, trust_remote_code: bool = False) -> list[str]:
     """Return every problem of the draft in `path` for serving with `target` on `engine` (empty: none).
 
-    The layer ids are read in the engine's convention, as the engine will read them.
+    The layer ids are read in the engine's convention, as the engine will read them (EAGLE-3's
+    defaults when the files give none), and checked as `eyas.target.layers` checks every id list.
     """
     convention: Convention = CONVENTION_OF[engine]
     published = read_published(path)
     fingerprint, target_config = target_facts(target, trust_remote_code)
-    problems = list(published.problems)
+    recorded, provenance_problems = trained_for(published)
+    problems = [*published.problems, *provenance_problems]
     if engine == "sglang" and published.kind == "speculators":
         problems.append("format: SGLang loads the EAGLE-3 HF format (LlamaForCausalLMEagle3), not speculators "
                         "(eyas export --format sglang)")
     if published.convention is not None and published.convention != convention:
         problems.append(f"eagle_aux_hidden_state_layer_ids: written for the {published.convention} convention, {engine} "
                         f"reads the {convention} convention (one layer off; re-export with --format {engine})")
-    ids = from_convention(published.ids, convention) if published.ids else default_ids(num_layers_of(target_config))
     try:
-        config = checked_config(published, ids, None)
+        ids = resolve_ids(replace(published, convention=None), convention, num_layers_of(target_config))
+        config = checked_config(published, ids, recorded)
     except EyasError as error:
         return [*problems, str(error)]
     if engine == "sglang" and config.num_hidden_layers > 1:
@@ -42,9 +63,4 @@ def check_draft(path: Path, target: Path, engine: Engine, trust_remote_code: boo
     if engine == "sglang":
         problems = [p + " (SGLang skips unknown tensors silently)" if p.endswith("unexpected tensor") else p
                     for p in problems]
-    problems += target_fit_problems(config, target_config, convention)
-    provenance = published.config.get("eyas") if isinstance(published.config.get("eyas"), dict) else {}
-    trained_for = (provenance.get("target") or {}).get("id")
-    if trained_for and trained_for != fingerprint.id:
-        problems.append(f"target: exported for fingerprint {trained_for[:12]}, this target is {fingerprint.id[:12]}")
-    return problems
+    return problems + target_problems(config, fingerprint, target_config)

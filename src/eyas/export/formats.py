@@ -1,4 +1,5 @@
-"""The published EAGLE-3 checkpoint formats: tensor names, layer-id conventions and config keys.
+"""The published EAGLE-3 checkpoint formats: tensor names, the layer-id convention of each format
+(the conventions themselves live in `eyas.target.layers`) and config keys.
 
 - `vllm`, `sglang`: the EAGLE-3 Hugging Face format (`architectures: ["LlamaForCausalLMEagle3"]`,
   `eagle_config.eagle_aux_hidden_state_layer_ids`), as SafeAILab/EAGLE, SpecForge and NVIDIA
@@ -21,31 +22,14 @@ from __future__ import annotations
 import re
 from typing import Literal
 
-from eyas.errors import EyasError
+from eyas.target.layers import Convention
 
 Format = Literal["vllm", "sglang", "speculators"]
-Convention = Literal["input", "output"]
 FORMATS: tuple[Format, ...] = ("vllm", "sglang", "speculators")
 HF_ARCHITECTURE = "LlamaForCausalLMEagle3"
 SPECULATORS_ARCHITECTURES = ("Eagle3Speculator", "Eagle3DraftModel")
 CONVENTION_OF: dict[Format, Convention] = {"vllm": "input", "sglang": "output", "speculators": "input"}
 IGNORED_TENSORS = re.compile(r"^(embed_tokens\.weight|verifier_.*)$")
-
-
-def to_convention(ids: list[int], convention: Convention) -> list[int]:
-    """Return eyas's (input-convention) aux layer ids in `convention`; refuses id 0 in the output
-    convention (the embedding output is no layer's output)."""
-    if convention == "input":
-        return list(ids)
-    if any(i < 1 for i in ids):
-        raise EyasError(f"aux_layer_ids: {ids} include the embedding output (id 0), which the output "
-                        "convention (SGLang) cannot name")
-    return [i - 1 for i in ids]
-
-
-def from_convention(ids: list[int], convention: Convention) -> list[int]:
-    """Return aux layer ids given in `convention` as eyas's input-convention ids."""
-    return list(ids) if convention == "input" else [i + 1 for i in ids]
 
 
 def engine_name(name: str, num_layers: int) -> str:

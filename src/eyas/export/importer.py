@@ -8,11 +8,13 @@ from typing import Any
 import torch
 from pydantic import ValidationError
 
-from eyas.draft.config import CONFIG_FILE, DraftConfig
+from eyas.config import ImportConfig
+from eyas.draft.config import CONFIG_FILE, WEIGHTS_FILE, DraftConfig, target_problems
 from eyas.draft.model import write_draft
 from eyas.errors import EyasError
-from eyas.export.formats import Convention
-from eyas.export.reader import Published, draft_config_of, read_published, resolve_ids, target_fit_problems, tensor_problems
+from eyas.files import sha256_tree
+from eyas.export.reader import Published, draft_config_of, read_published, resolve_ids, tensor_problems
+from eyas.stage import Stage
 from eyas.target.fingerprint import TargetFingerprint
 
 
@@ -47,23 +49,27 @@ def eyas_tensors(published: Published, config: DraftConfig) -> dict[str, torch.T
     return {**tensors, "d2t": d2t, "t2d": t2d}
 
 
-def import_draft(path: Path, out: Path, target: Path | None, convention: Convention | None, overwrite: bool,
-                 trust_remote_code: bool = False) -> DraftConfig:
-    """Write the published draft in `path` as an eyas draft in `out`; return its config.
+IMPORT = Stage("import", "an eyas draft", (CONFIG_FILE, WEIGHTS_FILE))
+
+
+def import_draft(config: ImportConfig) -> DraftConfig:
+    """Write the published draft in `config.source` as an eyas draft in `config.out`; return its config.
 
     Refuses, naming every problem at once, a draft with missing/unexpected/misshaped tensors or a
-    broken vocabulary mapping, or (with `target`) one that does not fit the target.
+    broken vocabulary mapping, or (with `target`) one that does not fit the target; an output
+    directory as every stage does (eyas.stage).
     """
-    published = read_published(path)
-    fingerprint, target_config = target_facts(target, trust_remote_code) if target is not None else (None, None)
-    aux_ids = resolve_ids(published, convention, num_layers_of(target_config) if target_config is not None else None)
-    config = checked_config(published, aux_ids, fingerprint)
-    problems = published.problems + tensor_problems(published, config)
+    published = read_published(config.source)
+    target = config.target
+    fingerprint, target_config = target_facts(target, config.trust_remote_code) if target is not None else (None, None)
+    aux_ids = resolve_ids(published, config.layer_convention,
+                          num_layers_of(target_config) if target_config is not None else None)
+    draft_config = checked_config(published, aux_ids, fingerprint)
+    problems = published.problems + tensor_problems(published, draft_config)
     if target_config is not None:
-        problems += target_fit_problems(config, target_config, "input")
+        problems += target_problems(draft_config, None, target_config)  # the fingerprint is this very target's
     if problems:
-        raise EyasError(f"{path}: " + "; ".join(problems))
-    if out.is_dir() and any(out.iterdir()) and not overwrite:
-        raise EyasError(f"{out}: not empty; use another --out or --overwrite")
-    write_draft(config, eyas_tensors(published, config), out)
-    return config
+        raise EyasError(f"{config.source}: " + "; ".join(problems))
+    IMPORT.claim(config, {"source": sha256_tree(config.source), "target": fingerprint.id if fingerprint else None})
+    write_draft(draft_config, eyas_tensors(published, draft_config), config.out)
+    return draft_config

@@ -16,9 +16,10 @@ from safetensors.torch import load_file
 
 from eyas.draft.config import CONFIG_FILE, DraftConfig
 from eyas.errors import EyasError
-from eyas.export.formats import HF_ARCHITECTURE, SPECULATORS_ARCHITECTURES, Convention, eyas_name, from_convention
+from eyas.export.formats import HF_ARCHITECTURE, SPECULATORS_ARCHITECTURES, eyas_name
 from eyas.files import read_json_object
 from eyas.target.fingerprint import TargetFingerprint
+from eyas.target.layers import Convention, default_aux_layers, to_input_convention
 
 LAYER_KEYS = ("hidden_size", "intermediate_size", "num_attention_heads", "vocab_size")
 
@@ -78,6 +79,8 @@ def read_published(path: Path) -> Published:
     else:
         raise EyasError(f"{config_path}: architectures: {architectures} is no EAGLE-3 draft "
                         f"({HF_ARCHITECTURE} or {'/'.join(SPECULATORS_ARCHITECTURES)})")
+    if ids is not None and not (isinstance(ids, list) and all(type(i) is int for i in ids)):
+        raise EyasError(f"{config_path}: eagle_aux_hidden_state_layer_ids: {ids!r} is no list of integers")
     published = Published(path, kind, config, layer, {}, list(ids) if ids else None, convention)
     published.problems += [f"{config_path}: {key}: missing" for key in LAYER_KEYS if not isinstance(layer.get(key), int)]
     for name, tensor in _load_tensors(path).items():
@@ -85,11 +88,6 @@ def read_published(path: Path) -> Published:
         if mapped is not None:
             published.tensors[mapped] = tensor
     return published
-
-
-def default_ids(num_layers: int) -> list[int]:
-    """Return EAGLE-3's default aux layer ids (input convention) for a target of `num_layers` layers."""
-    return [2, num_layers // 2, num_layers - 3]
 
 
 def draft_config_of(published: Published, aux_ids: list[int], target: TargetFingerprint | None) -> DraftConfig:
@@ -162,36 +160,34 @@ def tensor_problems(published: Published, config: DraftConfig) -> list[str]:
     return problems
 
 
-def target_fit_problems(config: DraftConfig, target_config: Any, convention: Convention) -> list[str]:
-    """Return sizes and (engine-convention) layer ids that do not fit the target."""
-    text = getattr(target_config, "text_config", None) or target_config
-    hidden, layers, vocab = int(text.hidden_size), int(text.num_hidden_layers), int(text.vocab_size)
-    problems = []
-    if config.target_hidden_size != hidden:
-        problems.append(f"target_hidden_size: {config.target_hidden_size}, the target's hidden size is {hidden}")
-    if config.hidden_size != hidden:
-        problems.append(f"hidden_size: {config.hidden_size}, the target's (whose embedding the draft reads) is {hidden}")
-    if config.vocab_size != vocab:
-        problems.append(f"vocab_size: {config.vocab_size}, the target's vocabulary has {vocab} tokens")
-    low, high = (0, layers) if convention == "input" else (-1, layers - 1)
-    engine_ids = config.aux_layer_ids if convention == "input" else [i - 1 for i in config.aux_layer_ids]
-    if any(not low <= i <= high for i in engine_ids):
-        problems.append(f"eagle_aux_hidden_state_layer_ids: {engine_ids} ({convention} of layer k), the target's "
-                        f"{layers} layers allow {low}..{high}")
-    return problems
+def _ids_field(published: Published) -> str:
+    """Return the file and key the published draft's aux layer ids are read from, for messages."""
+    return f"{published.path / CONFIG_FILE}: eagle_aux_hidden_state_layer_ids"
 
 
-def resolve_ids(published: Published, convention: Convention | None, num_layers: int | None) -> list[int]:
-    """Return the aux layer ids in eyas's input convention; refuses ids whose convention is unknown."""
-    where = f"{published.path / CONFIG_FILE}: eagle_aux_hidden_state_layer_ids"
-    if published.ids is None:
-        if num_layers is None:
-            raise EyasError(f"{where}: not given (EAGLE-3's defaults depend on the target: pass --target)")
-        return default_ids(num_layers)
-    known = published.convention or convention
+def _written_convention(published: Published, convention: Convention | None) -> Convention:
+    """Return the convention the published ids count in: the files' word, else `convention`; refuses
+    the two disagreeing, or neither saying."""
+    where = _ids_field(published)
     if published.convention and convention and published.convention != convention:
         raise EyasError(f"{where}: written in the {published.convention} convention, --layer-convention says {convention}")
+    known = published.convention or convention
     if known is None:
         raise EyasError(f"{where}: {published.ids} could count inputs of layers (vLLM-made drafts) or outputs "
                         "(SGLang, SpecForge, ModelOpt); pass --layer-convention input|output")
-    return from_convention(published.ids, known)
+    return known
+
+
+def resolve_ids(published: Published, convention: Convention | None, num_layers: int | None) -> list[int]:
+    """Return the aux layer ids in eyas's input convention (EAGLE-3's defaults for a `num_layers`-layer
+    target when the files give none); refuses ids whose convention is unknown, and ids that
+    `eyas.target.layers.check_layer_ids` refuses for an engine (in range only when `num_layers` is known)."""
+    where = _ids_field(published)
+    if published.ids is None:
+        if num_layers is None:
+            raise EyasError(f"{where}: not given (EAGLE-3's defaults depend on the target: pass --target)")
+        try:
+            return default_aux_layers(num_layers, "write the ids there")
+        except EyasError as error:
+            raise EyasError(f"{where}: not given, and the target's {error}") from None
+    return to_input_convention(published.ids, _written_convention(published, convention), num_layers, where, engine=True)

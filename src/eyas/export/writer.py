@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -13,11 +12,13 @@ from eyas.config import ExportConfig
 from eyas.draft.config import CONFIG_FILE, WEIGHTS_FILE, DraftConfig, read_draft_config
 from eyas.draft.model import load_draft
 from eyas.errors import EyasError
-from eyas.export.formats import CONVENTION_OF, HF_ARCHITECTURE, Format, engine_name, to_convention
-from eyas.files import sha256_file, sha256_text, write_atomic, write_json_atomic
-from eyas.outputs import claim_output_dir
+from eyas.export.formats import CONVENTION_OF, HF_ARCHITECTURE, Format, engine_name
+from eyas.files import sha256_file, write_atomic, write_json_atomic
+from eyas.stage import Stage
+from eyas.target.layers import to_engine_ids
 
 PROVENANCE = "eyas"
+EXPORT = Stage("export", "an eyas export", (CONFIG_FILE, WEIGHTS_FILE))
 
 
 def _layer_config(config: DraftConfig) -> dict[str, Any]:
@@ -35,7 +36,7 @@ def _layer_config(config: DraftConfig) -> dict[str, Any]:
 def engine_config(config: DraftConfig, fmt: Format, dtype: str, verifier: str | None,
                   verifier_architectures: list[str], speculative_tokens: int) -> dict[str, Any]:
     """Return the `config.json` of the draft in format `fmt` (layer ids in that format's convention)."""
-    ids = to_convention(config.aux_layer_ids, CONVENTION_OF[fmt])
+    ids = to_engine_ids(config.aux_layer_ids, CONVENTION_OF[fmt])
     provenance = {"layer_convention": CONVENTION_OF[fmt], "aux_layer_ids_input_convention": config.aux_layer_ids,
                   "target": config.target.model_dump() if config.target else None, "eyas_version": config.eyas_version}
     if fmt == "speculators":
@@ -99,14 +100,8 @@ def run_export(config: ExportConfig) -> Path:
         architectures = list(read_model_config(config.target).get("architectures") or [])
     body = engine_config(draft_config, fmt, str(dtype).removeprefix("torch."), verifier, architectures,
                          config.speculative_tokens)
-    run_key = sha256_text(json.dumps({"config": body, "weights": sha256_file(config.draft / WEIGHTS_FILE),
-                                      "embedding": config.with_embedding}, sort_keys=True))
-    marker = config.out / ".eyas-export.json"
-    existing = {json.loads(marker.read_text(encoding="utf-8"))["run_key"]} if marker.is_file() else set()
-    claim_output_dir(config.out, run_key, existing, (CONFIG_FILE, WEIGHTS_FILE, ".eyas-export.json"), config.overwrite,
-                     "an eyas export")
+    EXPORT.claim(config, {"config": body, "weights": sha256_file(config.draft / WEIGHTS_FILE)})
     write_atomic(config.out / WEIGHTS_FILE,
                  lambda tmp: save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp), metadata={"format": "pt"}))
     write_json_atomic(config.out / CONFIG_FILE, body)
-    write_json_atomic(marker, {"run_key": run_key, "format": fmt, "draft": str(config.draft)})
     return config.out

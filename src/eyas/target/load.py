@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from eyas.errors import EyasError
+from eyas.errors import CannotRun, EyasError
 from eyas.target.fingerprint import hf_location, is_gguf, read_model_config
 from eyas.target.parts import TargetParts, locate_parts
 
@@ -101,7 +101,7 @@ def resolve_device(device: str | None) -> str:
     if device is None:
         return "cuda" if torch.cuda.is_available() else "cpu"
     if device.startswith("cuda") and not torch.cuda.is_available():
-        raise EyasError(f"device: {device} asked for, but torch sees no CUDA device")
+        raise CannotRun(f"device: {device} asked for, but torch sees no CUDA device")
     return device
 
 

@@ -16,6 +16,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from eyas.data.budget import group_under_budget
+
 Row = list[int]
 MicroBatch = list[Row]
 WINDOW = 1024
@@ -44,21 +46,6 @@ def _pack(indices: list[int], lengths: np.ndarray, row_tokens: int) -> list[Row]
             rows[slot].append(index)
             room[slot] -= length
     return rows
-
-
-def group_under_budget(sizes: list[int], token_budget: int) -> list[list[int]]:
-    """Return the indices of consecutive items grouped while `len(group) x largest size <= token_budget`
-    (padded rows: every row of a group is as long as its longest); an item over the budget is alone."""
-    groups: list[list[int]] = []
-    longest = 0
-    for index, size in enumerate(sizes):
-        if groups and (len(groups[-1]) + 1) * max(longest, size) <= token_budget:
-            groups[-1].append(index)
-            longest = max(longest, size)
-        else:
-            groups.append([index])
-            longest = size
-    return groups
 
 
 def _group(rows: list[Row], lengths: np.ndarray, token_budget: int) -> list[MicroBatch]:

@@ -18,16 +18,17 @@ from pathlib import Path
 import torch
 
 from eyas.audit.contract import engine_api_problems
-from eyas.config import TrainConfig, write_resolved_config
+from eyas.config import TrainConfig
 from eyas.data.dataset import read_manifest
 from eyas.distributed import Ranks, all_reduce_gradients, all_reduce_sum, barrier, current_ranks, init_distributed, rank_device
 from eyas.draft.model import Eagle3Draft, load_draft, set_embedding, write_draft
 from eyas.draft.objective import StepScorer, StepSums, TeacherHead, loss_token_count, metrics_of
-from eyas.errors import EyasError
-from eyas.files import LineLog, sha256_text, write_json_atomic, write_text_atomic
-from eyas.outputs import claim_output_dir
+from eyas.errors import ChecksFailed, EyasError
+from eyas.draft.config import WEIGHTS_FILE
+from eyas.files import sha256_file, sha256_text
 from eyas.precision import choose_dtype, machine_record
 from eyas.progress import stage_progress
+from eyas.stage import SUMMARY_FILE, JsonLines, Run, Stage
 from eyas.target.capture import FeatureCapture
 from eyas.target.head import TargetHead, head_of, load_target_head
 from eyas.target.load import DTYPES, resolve_device
@@ -40,9 +41,6 @@ from eyas.train.setup import TrainSetup, resolve_train, vocab_tensors
 from eyas.train.sources import OnlineSource, SampleSource, StoreSource
 
 METRICS = "metrics.jsonl"
-SUMMARY = "summary.json"
-_OWN = (CHECKPOINTS, "final", "best", METRICS, SUMMARY, "config.yaml", "tensorboard")
-_NOT_DECISIVE = {"out", "overwrite", "resume", "log_every", "save_every", "keep_last", "device", "fsdp", "preflight"}
 
 
 @dataclass
@@ -54,22 +52,20 @@ class TrainResult:
     reused: bool
 
 
-def _run_key(config: TrainConfig, setup: TrainSetup, world: int) -> str:
-    decisive = {k: v for k, v in config.model_dump(mode="json").items() if k not in _NOT_DECISIVE}
-    decisive["grad_accum"] = config.grad_accum * world  # the global batch: resumable on another rank count
-    decisive["target"] = setup.draft_config.target.id if setup.draft_config.target else None
-    decisive["store"] = setup.store.run_key if setup.store else None
-    decisive["dataset"] = read_manifest(setup.dataset_dir).fingerprint  # online: the store key does not cover it
-    decisive["vocab"] = sha256_text(",".join(map(str, setup.vocab.d2t.tolist())))  # re-prepared vocab, same fingerprint
-    return sha256_text(json.dumps(decisive, sort_keys=True))
+TRAIN = Stage("train", "an eyas training run", (CHECKPOINTS, "final", "best", METRICS, SUMMARY_FILE, "tensorboard"),
+              keyed=(f"{CHECKPOINTS}/*/trainer.json", SUMMARY_FILE))
 
 
-def _existing_keys(out: Path) -> set[str]:
-    keys = set()
-    for path in [*(p / "trainer.json" for p in list_checkpoints(out)), out / SUMMARY]:
-        if path.is_file():
-            keys.add(json.loads(path.read_text(encoding="utf-8"))["run_key"])
-    return keys
+def _identities(config: TrainConfig, setup: TrainSetup, world: int) -> dict[str, object]:
+    """Return what, besides the deciding config fields, decides the run's weights."""
+    return {
+        "global_batch": config.grad_accum * world,  # micro-batches per step over all ranks: resumable on another rank count
+        "target": setup.draft_config.target.id if setup.draft_config.target else None,
+        "store": setup.store.run_key if setup.store else None,
+        "dataset": read_manifest(setup.dataset_dir).fingerprint,  # online: the store key does not cover it
+        "vocab": sha256_text(",".join(map(str, setup.vocab.d2t.tolist()))),  # re-prepared vocab, same fingerprint
+        "init": sha256_file(config.init / WEIGHTS_FILE) if config.init else None,
+    }
 
 
 def lr_factor(step: int, total: int, warmup: int, floor: float) -> float:
@@ -240,31 +236,24 @@ def _not_finite(step: int, what: str, when: str) -> EyasError:
                      "good weights; lower --lr or check the inputs")
 
 
-def _trim_metrics(path: Path, last_step: int) -> None:
+def _trim_metrics(metrics: JsonLines, last_step: int) -> None:
     """Keep the metric lines up to `last_step` (a resumed run rewrites what came after its checkpoint)."""
-    if not path.is_file():
-        return
-    kept = []
-    for line in path.read_text(encoding="utf-8").splitlines(keepends=True):
-        if not line.endswith("\n"):
-            break  # the partial line of a killed writer
-        if json.loads(line)["step"] <= last_step:
-            kept.append(line)
-    write_text_atomic(path, "".join(kept))
+    records = metrics.read()
+    metrics.keep(next((n for n, record in enumerate(records) if record["step"] > last_step), len(records)))
 
 
 class _MetricsLog:
     """`metrics.jsonl` (one JSON object per line, written whole) and TensorBoard when it is installed."""
 
-    def __init__(self, run_dir: Path, enabled: bool) -> None:
+    def __init__(self, run: Run, enabled: bool) -> None:
         self.enabled = enabled
-        self.handle = LineLog(run_dir / METRICS) if enabled else None
+        self.handle = run.lines(METRICS).appender() if enabled else None
         self.board = None
         if enabled:
             try:
                 from torch.utils.tensorboard import SummaryWriter
 
-                self.board = SummaryWriter(str(run_dir / "tensorboard"))
+                self.board = SummaryWriter(str(run.path / "tensorboard"))
             except ImportError:
                 pass
 
@@ -295,24 +284,23 @@ def run_train(config: TrainConfig) -> TrainResult:
     if setup.online and config.preflight:
         problems, _ = engine_api_problems()
         if problems:
-            raise EyasError(f"preflight found {len(problems)} problem(s): " + " | ".join(problems))
+            raise ChecksFailed(f"preflight found {len(problems)} problem(s): " + " | ".join(problems))
     device_name = rank_device(ranks, resolve_device(config.device))
     init_distributed(ranks, device_name)
     precisions = {"dtype": choose_dtype(config.dtype, device_name),
                   "target_dtype": choose_dtype(config.target_dtype, device_name)}
     config = config.model_copy(update={field: choice.dtype for field, choice in precisions.items()})
-    run_key = _run_key(config, setup, ranks.world)
     out = config.out
+    notes = tuple(choice.note(field) for field, choice in precisions.items())
+    run = TRAIN.claim(config, _identities(config, setup, ranks.world), notes, primary=ranks.rank == 0)
+    run_key = run.key
     if ranks.rank == 0:
-        resuming = claim_output_dir(out, run_key, _existing_keys(out), _OWN, config.overwrite, "an eyas training run")
-        if config.resume and not resuming:
+        if config.resume and not (run.resumed and (list_checkpoints(out) or run.read_summary())):
             raise EyasError(f"{out}: --resume: no checkpoint of this run to resume from")
-        write_resolved_config(config, "train", out, tuple(choice.note(field) for field, choice in precisions.items()))
         precisions["dtype"].announce("train dtype (draft autocast)")
         precisions["target_dtype"].announce("train target_dtype")
     barrier(ranks)
-    if (out / SUMMARY).is_file():
-        summary = json.loads((out / SUMMARY).read_text(encoding="utf-8"))
+    if (summary := run.read_summary()) is not None:
         return TrainResult(out, summary["steps"], summary["final"], summary["eval"], True)
 
     trainer = _Trainer(config, setup, ranks, torch.device(device_name), run_key)
@@ -325,8 +313,8 @@ def run_train(config: TrainConfig) -> TrainResult:
         window = StepSums.from_stacked(torch.tensor(state.window, dtype=torch.float64))
         window_tokens = state.window_loss_tokens
     if ranks.rank == 0:
-        _trim_metrics(out / METRICS, state.step)
-    log = _MetricsLog(out, ranks.rank == 0)
+        _trim_metrics(run.lines(METRICS), state.step)
+    log = _MetricsLog(run, ranks.rank == 0)
     started, tokens_at_start = time.monotonic(), state.tokens
     last_train, last_eval = state.last_train, state.last_eval
     try:
@@ -378,7 +366,7 @@ def run_train(config: TrainConfig) -> TrainResult:
     weights = gathered_state(trainer.draft)
     if ranks.rank == 0:
         write_draft(setup.draft_config, weights, out / "final")
-        write_json_atomic(out / SUMMARY, {"run_key": run_key, "steps": state.step, "final": last_train, "eval": last_eval,
+        run.write_summary({"steps": state.step, "final": last_train, "eval": last_eval,
                                           "best_step": state.best_step, "best_implied_tau": state.best_tau,
                                           "ranks": ranks.world, "fsdp": trainer.sharded, **parameter_counts(trainer.draft),
                                           "precision": {field: choice.record() for field, choice in precisions.items()},

@@ -12,12 +12,12 @@ from safetensors.numpy import load_file
 
 from eyas.config import TrainConfig
 from eyas.data import dataset as ds
-from eyas.data.vocab import DraftVocab, cached_draft_vocab, load_draft_vocab
-from eyas.draft.config import DraftConfig, draft_config_for_target, read_draft_config
+from eyas.data.vocab import DraftVocab, cached_draft_vocab, check_draft_vocab_size, load_draft_vocab
+from eyas.draft.config import DraftConfig, draft_config_for_target, read_draft_config, target_problems
 from eyas.errors import EyasError
 from eyas.features.store import MANIFEST, StoreManifest, read_store_manifest
 from eyas.target.fingerprint import TargetFingerprint, target_fingerprint
-from eyas.target.layers import default_aux_layers, to_input_convention
+from eyas.target.layers import check_layer_ids, default_aux_layers, to_input_convention
 from eyas.target.load import load_config
 from eyas.target.tokenizer import load_tokenizer
 
@@ -55,11 +55,18 @@ def check_store_matches(store_dir: Path, manifest: StoreManifest, draft: DraftCo
 
 
 def _dataset_vocab(dataset_dir: Path, manifest: ds.DatasetManifest, size: int | None) -> DraftVocab:
-    """Return the dataset's own vocabulary, or one of `size` selected from its token counts (cached)."""
+    """Return the dataset's own vocabulary, or one of `size` selected from its token counts (cached).
+
+    Refuses a `size` that `eyas prepare` refuses (`check_draft_vocab_size`). Without a size and
+    without a vocabulary of the dataset's own, the default is DEFAULT_DRAFT_VOCAB tokens, or the
+    whole target vocabulary when that is smaller: a default must fit every target, a size asked
+    for is never changed.
+    """
     if manifest.vocab is not None and size in (None, manifest.vocab.size):
         return load_draft_vocab(dataset_dir / manifest.vocab.file, manifest.fingerprint)
     counts = load_file(str(dataset_dir / manifest.token_counts_file))["counts"]
-    return cached_draft_vocab(dataset_dir, manifest.fingerprint, counts, min(size or DEFAULT_DRAFT_VOCAB, len(counts)))[0]
+    size = check_draft_vocab_size(size, len(counts)) if size is not None else min(DEFAULT_DRAFT_VOCAB, len(counts))
+    return cached_draft_vocab(dataset_dir, manifest.fingerprint, counts, size)[0]
 
 
 def _warm_start_vocab(init: Path, dataset_dir: Path, manifest: ds.DatasetManifest) -> DraftVocab:
@@ -83,12 +90,28 @@ def _warm_start_vocab(init: Path, dataset_dir: Path, manifest: ds.DatasetManifes
     return DraftVocab(d2t, t2d, float("nan"))
 
 
-def _aux_ids(config: TrainConfig, num_layers: int) -> list[int]:
+def _aux_ids(config: TrainConfig, store: StoreManifest | None, num_layers: int) -> list[int]:
+    """Return the run's aux layer ids in the input convention: the store's, the configured ones, or
+    EAGLE-3's defaults; refuses ids that `eyas.target.layers` refuses for this target."""
+    if store is not None:
+        return check_layer_ids(store.layer_ids, store.layer_convention, num_layers,
+                               f"{config.features / MANIFEST}: layer_ids")  # type: ignore[operator]
     if config.layers is None:
         return default_aux_layers(num_layers)
     if config.layer_convention is None:
         raise EyasError("layer_convention: required with layers (input: vLLM/EAGLE, output: SGLang)")
     return to_input_convention(config.layers, config.layer_convention, num_layers)
+
+
+def _check_warm_start(init_dir: Path, init: DraftConfig, target_config: object, aux_ids: list[int]) -> None:
+    """Refuse a warm-start draft that `target_problems` finds unfit for the target, or that reads other
+    aux layers than this run. Its fingerprint is not compared: a warm start may adapt a draft to a
+    changed target of the same shape (a fine-tune of the one it was trained for)."""
+    problems = target_problems(init, None, target_config)
+    if init.aux_layer_ids != aux_ids:
+        problems.append(f"aux_layer_ids: {init.aux_layer_ids}, this run reads layers {aux_ids}")
+    if problems:
+        raise EyasError(f"{init_dir}: not a warm start for this run: " + "; ".join(problems))
 
 
 def resolve_train(config: TrainConfig) -> TrainSetup:
@@ -115,16 +138,14 @@ def resolve_train(config: TrainConfig) -> TrainSetup:
                         f"whose tokenizer or chat template differs from {target}'s")
     target_config = load_config(target, config.trust_remote_code)
     text_config = getattr(target_config, "text_config", None) or target_config
-    num_layers, target_hidden = int(text_config.num_hidden_layers), int(text_config.hidden_size)
-    aux_ids = store.layer_ids if store is not None else _aux_ids(config, num_layers)
+    num_layers = int(text_config.num_hidden_layers)
+    aux_ids = _aux_ids(config, store, num_layers)
 
     if config.init is not None:
         vocab = _warm_start_vocab(config.init, dataset_dir, manifest)
         init = read_draft_config(config.init)
+        _check_warm_start(config.init, init, target_config, aux_ids)
         draft_config = DraftConfig.model_validate({**init.model_dump(), "target": fingerprint})
-        if init.aux_layer_ids != aux_ids or init.target_hidden_size != target_hidden:
-            raise EyasError(f"{config.init}: the warm-start draft reads layers {init.aux_layer_ids} of a "
-                            f"{init.target_hidden_size}-wide target; this run has layers {aux_ids}")
     else:
         vocab = _dataset_vocab(dataset_dir, manifest, config.draft_vocab_size)
         draft_config = draft_config_for_target(

@@ -18,7 +18,7 @@ from pathlib import Path
 from packaging.version import Version
 
 from eyas.audit.usage import Usage, read_usages
-from eyas.errors import EyasError
+from eyas.errors import CannotRun, EyasError
 
 HERE = Path(__file__).parent
 
@@ -78,10 +78,10 @@ def supported_ranges() -> str:
 def release_path(version: str | None) -> VllmPath:
     """Return the path vLLM `version` runs (None: not installed); refuses a missing vLLM or an unsupported release."""
     if version is None:
-        raise EyasError(f"vLLM is not installed (pip install vllm; supported: {supported_ranges()})")
+        raise CannotRun(f"vLLM is not installed (pip install vllm; supported: {supported_ranges()})")
     path = path_for(version)
     if path is None:
-        raise EyasError(f"vLLM {version} is outside the supported releases: {supported_ranges()}")
+        raise CannotRun(f"vLLM {version} is outside the supported releases: {supported_ranges()}")
     return path
 
 

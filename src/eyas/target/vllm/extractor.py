@@ -1,4 +1,4 @@
-"""Store samples of dataset rows through the installed vLLM, on the path its release runs (contract.py)."""
+"""Hidden states of token-id rows through the installed vLLM, on the path its release runs (contract.py)."""
 
 from __future__ import annotations
 
@@ -6,27 +6,30 @@ import importlib
 from collections.abc import Iterator
 from pathlib import Path
 
+import numpy as np
 import torch
 
-from eyas.data.dataset import DatasetReader
-from eyas.errors import EyasError
-from eyas.features.store import SampleFeatures
+from eyas.errors import CannotRun
 from eyas.target.vllm.contract import VllmPath, installed_vllm, release_path
-from eyas.target.vllm.layout import to_sample, vllm_layer_ids
+from eyas.target.vllm.layout import layer_features, vllm_layer_ids
 
 
 NO_GPU = "--backend vllm: needs a CUDA GPU and none is visible (use --backend hf on CPU)"
 
 
 def usable_path() -> tuple[str, VllmPath]:
-    """Return the installed vLLM's version and path; refuses a missing vLLM, an unsupported release or no GPU."""
+    """Return the installed vLLM's version and path; refuses (CannotRun, every reason in one line) a
+    missing vLLM, an unsupported release or no GPU."""
     version = installed_vllm()
+    reasons, path = [], None
     try:
         path = release_path(version)
-    except EyasError as error:
-        raise EyasError(f"--backend vllm: {error}") from None
+    except CannotRun as error:
+        reasons.append(f"--backend vllm: {error}")
     if not torch.cuda.is_available():
-        raise EyasError(NO_GPU)
+        reasons.append(NO_GPU)
+    if path is None or reasons:
+        raise CannotRun("; ".join(reasons))
     return str(version), path
 
 
@@ -37,7 +40,7 @@ def engine_class(path: VllmPath) -> type:
 
 
 class VllmFeatures:
-    """The engine of the installed vLLM's path, started once; `samples` yields store samples of dataset rows."""
+    """The engine of the installed vLLM's path, started once; `samples` yields the features of token-id rows."""
 
     def __init__(self, target: Path, aux_ids: list[int], num_layers: int, spool: Path, dtype: str,
                  tensor_parallel_size: int, longest: int, trust_remote_code: bool) -> None:
@@ -49,10 +52,9 @@ class VllmFeatures:
     def describe(self) -> str:
         return f"vllm {self.version} ({self.path.name})"
 
-    def samples(self, reader: DatasetReader, indices: list[int]) -> Iterator[tuple[int, SampleFeatures]]:
-        """Yield `(tokens, features)` for the dataset rows `indices`, in their order (one engine call for all)."""
-        rows = [reader.row(i) for i in indices]
-        results = self.engine.hidden_states([ids for ids, _ in rows])
-        for index, (ids, mask), (hidden, token_ids) in zip(indices, rows, results, strict=True):
-            yield len(ids), to_sample(hidden, token_ids, self.requested, self.aux_ids, self.num_layers, index, ids, mask,
-                                      where=f"{reader.dir}: sample {index} (vLLM)")
+    def samples(self, rows: list[np.ndarray], where: list[str]) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """Yield `(aux [T, A*H], last [T, H])` of each token-id row, in their order (one engine call for all);
+        `where` names each row in errors."""
+        results = self.engine.hidden_states(rows)
+        for ids, (hidden, token_ids), place in zip(rows, results, where, strict=True):
+            yield layer_features(hidden, token_ids, self.requested, self.aux_ids, self.num_layers, ids, place)

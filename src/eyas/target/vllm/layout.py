@@ -1,4 +1,4 @@
-"""What the vLLM backend asks vLLM for, and how vLLM's per-request hidden states become store samples.
+"""What the vLLM backend asks vLLM for, and how vLLM's per-request hidden states become aux and last features.
 
 vLLM's `eagle_aux_hidden_state_layer_ids` count in the *input* convention (id k: the residual
 stream entering decoder layer k; id N: the last layer's output, before the final norm), which
@@ -12,7 +12,6 @@ import numpy as np
 import torch
 
 from eyas.errors import EyasError
-from eyas.features.store import SampleFeatures
 from eyas.target.layers import from_input_convention
 
 
@@ -21,25 +20,21 @@ def vllm_layer_ids(aux_ids: list[int], num_layers: int) -> list[int]:
     return sorted(set(from_input_convention(aux_ids, "input")) | {num_layers})
 
 
-def to_sample(hidden: torch.Tensor, token_ids: torch.Tensor, requested: list[int], aux_ids: list[int], num_layers: int,
-              sample_id: int, input_ids: np.ndarray, loss_mask: np.ndarray, where: str) -> SampleFeatures:
-    """Return the store sample of one request from vLLM's `hidden [T, len(requested), H]` and `token_ids [T]`.
+def layer_features(hidden: torch.Tensor, token_ids: torch.Tensor, requested: list[int], aux_ids: list[int],
+                   num_layers: int, input_ids: np.ndarray, where: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """Return `(aux [T, A*H], last [T, H])` of one request from vLLM's `hidden [T, len(requested), H]` and
+    `token_ids [T]` (aux in the order of `aux_ids`; the caller stores them under its sample).
 
-    Refuses (naming `where`) tokens that are not the sample's, or a layer count or length that
-    does not match: features of another prompt must never be stored under this sample's id.
+    Refuses (naming `where`) tokens that are not the request's `input_ids`, or a layer count or length
+    that does not match: features of another prompt must never be stored under this sample's id.
     """
     length = len(input_ids)
     if hidden.dim() != 3 or hidden.shape[1] != len(requested):
         raise EyasError(f"{where}: hidden_states has shape {tuple(hidden.shape)}, expected [{length}, {len(requested)}, H]")
     if hidden.shape[0] < length or not torch.equal(token_ids[:length].cpu().long(), torch.from_numpy(input_ids.astype(np.int64))):
-        raise EyasError(f"{where}: the tokens vLLM ran are not sample {sample_id}'s (length {hidden.shape[0]} vs {length}); "
+        raise EyasError(f"{where}: the tokens vLLM ran are not this sample's (length {hidden.shape[0]} vs {length}); "
                         "was prefix caching or chunked prefill switched on?")
     column = {layer: i for i, layer in enumerate(requested)}
     states = hidden[:length]  # [T, n, H]
-    return SampleFeatures(
-        sample_id=sample_id,
-        input_ids=torch.from_numpy(input_ids),
-        loss_mask=torch.from_numpy(loss_mask.astype(bool)),
-        aux=torch.cat([states[:, column[k]] for k in aux_ids], dim=-1).cpu(),  # [T, A*H]
-        last=states[:, column[num_layers]].cpu(),  # [T, H]
-    )
+    aux = torch.cat([states[:, column[k]] for k in aux_ids], dim=-1).cpu()  # [T, A*H]
+    return aux, states[:, column[num_layers]].cpu()  # [T, H]

@@ -1,0 +1,127 @@
+"""Prompts the target answers (`eyas regenerate`, `eyas eval`): read, rendered into its ids, and stopped.
+
+A prompts file is JSONL, one record per line, with exactly one of the fields `"prompt"` (a user
+message), `"messages"` (a non-empty list of `{role, content}`) or `"text"` (raw text), among those
+the caller accepts; other fields are ignored but `"source"`, the prompt's origin (`eyas prepare`
+writes it into a dataset's `prompts-*.jsonl`). Blank lines are skipped. A bad line stops the read
+with one line naming file, line and field, or, when the caller skips bad records, is listed.
+
+Every prompt becomes token ids through `ChatEncoder.prompt_ids`: the chat template `eyas prepare`
+trains with, its `chat_template_kwargs` included, with the generation prompt. The target stops at
+`eos_ids`, and `generate_kwargs` are what transformers' `generate` is told about stopping and sampling.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from eyas.data.chat_tokens import ChatEncoder
+from eyas.data.records import Prompt
+from eyas.errors import EyasError
+
+KINDS = ("prompt", "messages", "text")
+CHAT_KINDS = ("prompt", "messages")
+
+
+def _turns(value: Any, where: str) -> list[dict[str, str]]:
+    if not isinstance(value, list) or not value:
+        raise EyasError(f"{where}: messages: expected a non-empty list of {{role, content}} objects")
+    for i, message in enumerate(value):
+        if not (isinstance(message, dict) and isinstance(message.get("role"), str)
+                and isinstance(message.get("content"), str)):
+            raise EyasError(f"{where}: messages[{i}]: expected {{\"role\": str, \"content\": str}}")
+    return value
+
+
+def parse_prompt(record: Any, where: str, kinds: tuple[str, ...] = KINDS) -> Prompt:
+    """Return the prompt of one decoded JSONL value (its source: the record's `"source"`, else `where`).
+
+    Refuses, naming `where` and the field: a value that is not an object, one without exactly one of
+    the fields `kinds`, a non-string prompt or text, and malformed messages.
+    """
+    if not isinstance(record, dict):
+        raise EyasError(f"{where}: expected a JSON object")
+    present = [k for k in KINDS if k in record]
+    if len(present) != 1 or present[0] not in kinds:
+        raise EyasError(f"{where}: expected exactly one of the fields {', '.join(kinds)}, found {present or 'none'}")
+    kind, value, source = present[0], record[present[0]], str(record.get("source") or where)
+    if kind == "messages":
+        return Prompt(source, turns=_turns(value, where))
+    if not isinstance(value, str):
+        raise EyasError(f"{where}: {kind}: expected a string")
+    return Prompt(source, prompt=value) if kind == "prompt" else Prompt(source, text=value)
+
+
+def _lines(files: list[Path]) -> Iterator[tuple[str, str]]:
+    """Yield `(file:line, text)` for each non-blank line of `files`, in order."""
+    for file in files:
+        with open(file, encoding="utf-8") as handle:
+            for number, line in enumerate(handle, 1):
+                if line.strip():
+                    yield f"{file}:{number}", line
+
+
+def _read_one(line: str, where: str, encoder: ChatEncoder, kinds: tuple[str, ...],
+              check: Callable[[Prompt], str | None]) -> Prompt:
+    try:
+        record = json.loads(line)
+    except json.JSONDecodeError as error:
+        raise EyasError(f"{where}: not JSON ({error.msg})") from None
+    prompt = parse_prompt(record, where, kinds)
+    prompt = replace(prompt, ids=encoder.prompt_ids(prompt, where))
+    problem = check(prompt)
+    if problem is not None:
+        raise EyasError(f"{where}: {problem}")
+    return prompt
+
+
+def read_prompt_files(files: list[Path], encoder: ChatEncoder, kinds: tuple[str, ...] = KINDS,
+                      limit: int | None = None, skip_invalid: bool = False,
+                      check: Callable[[Prompt], str | None] = lambda prompt: None,
+                      ) -> tuple[list[Prompt], list[dict[str, str]]]:
+    """Return the first `limit` (all when None) good prompts of `files`, in order, with their ids
+    (`encoder.prompt_ids`), and the bad records as `{"where", "reason"}` (only with `skip_invalid`).
+
+    A record is bad when it is not JSON, `parse_prompt` or `encoder.prompt_ids` refuses it, or `check`
+    returns a problem (`"field: reason"`) for the rendered prompt. Without `skip_invalid` the first
+    bad record is refused as a one-line EyasError naming file, line and field.
+    """
+    prompts: list[Prompt] = []
+    rejected: list[dict[str, str]] = []
+    for where, line in _lines(files):
+        if limit is not None and len(prompts) >= limit:
+            break
+        try:
+            prompts.append(_read_one(line, where, encoder, kinds, check))
+        except EyasError as error:
+            if not skip_invalid:
+                raise
+            rejected.append({"where": where, "reason": str(error).removeprefix(f"{where}: ")})
+    return prompts, rejected
+
+
+def eos_ids(model: Any, tokenizer: Any) -> set[int]:
+    """Return the ids the target stops at: its generation config's `eos_token_id` (an int or a list)
+    and the tokenizer's EOS (an empty set when neither has one: generation stops at its length)."""
+    found = getattr(model.generation_config, "eos_token_id", None)  # a model that cannot generate has None
+    listed = found if isinstance(found, list) else [] if found is None else [found]
+    ids = {int(i) for i in listed}
+    if tokenizer.eos_token_id is not None:
+        ids.add(int(tokenizer.eos_token_id))
+    return ids
+
+
+def generate_kwargs(eos: set[int], temperature: float, top_p: float, top_k: int = 0,
+                    pad: int | None = None) -> dict[str, Any]:
+    """Return the keywords of transformers' `generate` that stop at `eos` and pad with `pad` (default:
+    the smallest EOS id, else 0): greedy at temperature 0 (the sampling knobs None, so the target's
+    own generation config cannot switch sampling back on), else sampling with `temperature`, `top_p`
+    and `top_k` (0: no top-k)."""
+    stops = {"eos_token_id": sorted(eos) or None, "pad_token_id": pad if pad is not None else min(eos, default=0)}
+    if temperature == 0:
+        return {**stops, "do_sample": False, "temperature": None, "top_p": None, "top_k": None}
+    return {**stops, "do_sample": True, "temperature": temperature, "top_p": top_p, "top_k": top_k or None}
