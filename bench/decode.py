@@ -37,8 +37,8 @@ from eyas.decode.prompts import read_prompts
 from eyas.decode.sampling import Sampling
 from eyas.draft.model import load_draft
 from eyas.precision import machine_record
-from eyas.target.load import DTYPES, load_target
-from eyas.target.tokenizer import load_tokenizer
+from eyas.models.load import DTYPES, load_target
+from eyas.models.tokenizer import load_tokenizer
 
 SHAPES = "chain:1 chain:3 chain:5 tree:3,2,6 tree:4,3,10 tree:5,4,16 tree:6,8,40"
 

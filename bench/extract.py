@@ -74,9 +74,9 @@ from eyas.data.prepare import run_prepare
 from eyas.features import store
 from eyas.precision import machine_record
 from eyas.features.extract import length_batches, plan_shards, right_padded, run_extract, sample_features
-from eyas.target.capture import FeatureCapture
-from eyas.target.load import DTYPES, load_target
-from eyas.target.parts import TargetParts
+from eyas.models.capture import FeatureCapture
+from eyas.models.load import DTYPES, load_target
+from eyas.models.parts import TargetParts
 from eyas.testing.tiny import build_tiny_target
 from prepare import synthetic_conversations  # bench/prepare.py; bench/ is on sys.path when run as a script
 

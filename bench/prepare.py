@@ -49,7 +49,7 @@ from eyas.data.chat_tokens import ChatEncoder
 from eyas.data.prepare import run_prepare
 from eyas.data.records import Conversation, parse_record
 from eyas.precision import machine_record
-from eyas.target.tokenizer import load_tokenizer
+from eyas.models.tokenizer import load_tokenizer
 from eyas.testing.tiny import STYLES, Style, build_tiny_target
 
 SEED = 1234

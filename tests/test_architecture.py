@@ -55,8 +55,9 @@ def imports(path: Path) -> list[tuple[int, str]]:
     found = []
     for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
         if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            if node.module == "eyas":
-                found += [(node.lineno, f"eyas.{alias.name}") for alias in node.names]
+            if node.module == "eyas":  # a submodule, or a name of the package root (__version__)
+                found += [(node.lineno, f"eyas.{alias.name}" if (SRC / alias.name).exists()
+                           or (SRC / f"{alias.name}.py").exists() else "eyas") for alias in node.names]
             elif node.module.startswith("eyas."):
                 found.append((node.lineno, node.module))
         elif isinstance(node, ast.Import):

@@ -159,7 +159,7 @@ def preflight_engines(context: typer.Context) -> None:
         return
     from eyas.audit.contract import engine_api_problems
     from eyas.reports import print_preflight
-    from eyas.target.vllm.contract import installed_vllm, vllm_problems
+    from eyas.backends.vllm.contract import installed_vllm, vllm_problems
 
     problems, facts = engine_api_problems()
     if installed_vllm() is None:
@@ -200,7 +200,7 @@ def preflight_vllm_command(
 ) -> None:
     """Audit the vLLM extraction backend against the installed vLLM (or --against): exit 1 on problems."""
     from eyas.reports import print_preflight, print_vllm_contract
-    from eyas.target.vllm.contract import VLLM_PATHS, contract_uses, vllm_problems
+    from eyas.backends.vllm.contract import VLLM_PATHS, contract_uses, vllm_problems
 
     if contract:
         for path in VLLM_PATHS:

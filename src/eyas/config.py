@@ -20,7 +20,7 @@ from eyas import __version__
 from eyas.errors import EyasError
 from eyas.files import write_text_atomic
 from eyas.precision import DtypeChoice
-from eyas.target.layers import Convention
+from eyas.models.layers import Convention
 
 FLOAT32_MAX = 3.4028234663852886e38  # AdamW scales float32 weights by lr and weight decay: larger cannot be applied
 AUTO_HELP = "auto: bfloat16 where the device computes it natively (CUDA with bf16, a CPU with AVX-512-BF16 or AMX), else float32"
@@ -306,7 +306,7 @@ def load_stage_config(
         _apply_override(values, override, stage)
     target_field = cls.model_fields.get("target")
     if target_field is not None and target_field.is_required() and values.get("target") is None:
-        from eyas.target.default import NOTE, default_target
+        from eyas.models.default import NOTE, default_target
 
         values["target"] = default_target()
         print(f"eyas: {NOTE}", file=sys.stderr)

@@ -13,7 +13,7 @@ if TYPE_CHECKING:  # keeps torch out of `eyas prepare`'s imports
     from eyas.decode.report import EvalReport
     from eyas.features.store import StoreManifest
     from eyas.audit.usage import Usage
-    from eyas.target.vllm.contract import VllmPath
+    from eyas.backends.vllm.contract import VllmPath
     from eyas.train.loop import TrainResult
 
 console = Console()

@@ -17,17 +17,46 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
+
+from pydantic import BaseModel, ValidationError
 
 from eyas import __version__
 from eyas.config import StageConfig, deciding_fields, write_resolved_config
 from eyas.errors import EyasError
 from eyas.files import LineLog, read_json_object, sha256_text, write_json_atomic, write_text_atomic
+from eyas.models.fingerprint import TargetFingerprint
 from eyas.outputs import claim_output_dir
 
 RUN_FILE = "run.json"
 CONFIG_FILE = "config.yaml"
 SUMMARY_FILE = "summary.json"
+MANIFEST_FILE = "manifest.json"
+Manifest = TypeVar("Manifest", bound="StageManifest")
+
+
+class StageManifest(BaseModel):
+    """What every stage's `manifest.json` starts with: its kind and format version, the eyas that wrote
+    it, the run key, and the target it was made from (path as given, and fingerprint)."""
+
+    kind: str
+    format_version: int
+    eyas_version: str
+    run_key: str
+    target_path: str
+    target: TargetFingerprint
+
+    @classmethod
+    def read(cls: type[Manifest], directory: Path, what: str, verb: str) -> Manifest:
+        """Return the `manifest.json` of the finished `what` (e.g. "eyas dataset") in `directory`, which
+        `verb` writes; refuses a missing or unreadable one, naming the file."""
+        path = directory / MANIFEST_FILE
+        if not path.is_file():
+            raise EyasError(f"{path}: not found; is {directory} a finished `{verb}` output?")
+        try:
+            return cls.model_validate(json.loads(path.read_text(encoding="utf-8")))
+        except (json.JSONDecodeError, ValidationError) as exc:
+            raise EyasError(f"{path}: not a valid {what} manifest: {str(exc).splitlines()[0]}") from None
 
 
 def run_key(stage: str, config: StageConfig, inputs: dict[str, Any]) -> str:

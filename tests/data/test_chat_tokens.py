@@ -11,7 +11,7 @@ from conftest import chat
 from eyas.data.chat_tokens import ChatEncoder, Encoded, span_mask
 from eyas.data.records import parse_record
 from eyas.errors import EyasError, InputError
-from eyas.target.tokenizer import load_tokenizer
+from eyas.models.tokenizer import load_tokenizer
 
 SYSTEM_MULTI_TURN = chat(
     ("system", "Be brief."),

@@ -17,8 +17,8 @@ from eyas.data.prompts import eos_ids, generate_kwargs, parse_prompt
 from eyas.data.records import Prompt, parse_record
 from eyas.decode import prompts as eval_prompts
 from eyas.errors import EyasError
-from eyas.target.load import load_target
-from eyas.target.tokenizer import load_tokenizer
+from eyas.models.load import load_target
+from eyas.models.tokenizer import load_tokenizer
 
 QUESTION, ANSWER = "Explain why the sky is blue", "Rayleigh scattering."
 SYSTEM_AND_USER = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": QUESTION}]

@@ -21,8 +21,8 @@ from eyas.decode.drafting import TreeShape
 from eyas.decode.sampling import Sampling
 from eyas.decode.verify import Verdict
 from eyas.draft.model import Eagle3Draft, load_draft
-from eyas.target.load import load_target
-from eyas.target.parts import TargetParts
+from eyas.models.load import load_target
+from eyas.models.parts import TargetParts
 from eyas.testing.learned import DECODE_NEW_TOKENS, DECODE_SHAPES, decode_prompts
 
 pytestmark = pytest.mark.usefixtures("one_thread")

@@ -1,4 +1,4 @@
-"""Layer ids have one home (eyas.target.layers) and one check: `eyas import` and `eyas check-draft`
+"""Layer ids have one home (eyas.models.layers) and one check: `eyas import` and `eyas check-draft`
 refuse ids a target cannot give (repeated, out of range, or EAGLE-3's defaults for a target too
 shallow for them) and ids an engine would misread (not ascending: engines concatenate the layers
 in ascending order), naming the file and the field; `eyas export` refuses to write the latter."""
@@ -14,7 +14,7 @@ import torch
 from eyas.draft.config import draft_config_for_target
 from eyas.draft.model import Eagle3Draft, save_draft
 from eyas.errors import EyasError
-from eyas.target.layers import (
+from eyas.models.layers import (
     check_layer_ids,
     default_aux_layers,
     from_input_convention,
@@ -22,7 +22,7 @@ from eyas.target.layers import (
     to_engine_ids,
     to_input_convention,
 )
-from eyas.target.load import load_config
+from eyas.models.load import load_config
 from eyas.testing.tiny import build_tiny_target
 
 pytestmark = pytest.mark.usefixtures("one_thread")

@@ -21,7 +21,7 @@ from safetensors.torch import load_file, save_file
 from eyas.draft.attention import EagerTTTAttention
 from eyas.draft.config import draft_config_for_target
 from eyas.draft.model import Eagle3Draft, load_draft, save_draft
-from eyas.target.layers import from_input_convention, to_input_convention
+from eyas.models.layers import from_input_convention, to_input_convention
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -11,8 +11,8 @@ import torch
 
 from eyas.features.extract import length_batches, plan_shards
 from eyas.features.store import FeatureShard, read_store_manifest
-from eyas.target.capture import teacher_logits
-from eyas.target.load import load_target
+from eyas.models.capture import teacher_logits
+from eyas.models.load import load_target
 from eyas.testing.tiny import build_tiny_target
 
 

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from eyas.features.store import FeatureShard, read_store_manifest
-from eyas.target.capture import teacher_logits
-from eyas.target.load import load_target
+from eyas.models.capture import teacher_logits
+from eyas.models.load import load_target
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "data"
 

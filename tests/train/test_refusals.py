@@ -14,8 +14,8 @@ from safetensors.torch import load_file, save_file
 from eyas.config import PrepareConfig, TrainConfig
 from eyas.data.prepare import run_prepare
 from eyas.errors import EyasError
-from eyas.target.head import load_target_head
-from eyas.target.load import load_target
+from eyas.models.head import load_target_head
+from eyas.models.load import load_target
 from eyas.train.setup import resolve_train
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "data"

@@ -12,7 +12,7 @@ import eyas
 from eyas.audit.checks import ERROR
 
 ENGINE_PACKAGES = ("transformers",)
-ENGINE_MODULES = ("target", "decode", "draft", "features", "train")  # subpackages of eyas that use them
+ENGINE_MODULES = ("models", "backends", "decode", "draft", "features", "train")  # subpackages of eyas that use them
 
 
 def engine_modules() -> list[Path]:

@@ -24,10 +24,10 @@ from pydantic import BaseModel, Field, ValidationError
 from eyas.data.chat_tokens import Encoded
 from eyas.errors import EyasError
 from eyas.files import write_atomic
-from eyas.target.fingerprint import TargetFingerprint
+from eyas.stage import MANIFEST_FILE, StageManifest
 
 FORMAT_VERSION = 1
-MANIFEST = "manifest.json"
+MANIFEST = MANIFEST_FILE
 PROGRESS = "progress.json"
 TOKEN_COUNTS = "token_counts.safetensors"
 VOCAB = "vocab.safetensors"
@@ -71,16 +71,12 @@ class VocabInfo(BaseModel):
     file: str
 
 
-class DatasetManifest(BaseModel):
+class DatasetManifest(StageManifest):
     """`manifest.json` of a finished dataset."""
 
     kind: str = "eyas.dataset"
     format_version: int = FORMAT_VERSION
-    eyas_version: str
     fingerprint: str
-    run_key: str
-    target_path: str
-    target: TargetFingerprint
     inputs: list[dict[str, str]]
     counts: dict[str, int]
     skipped: dict[str, int]
@@ -133,13 +129,7 @@ def count_loss_tokens(dataset_dir: Path, data_files: list[str], vocab_size: int)
 
 def read_manifest(dataset_dir: Path) -> DatasetManifest:
     """Return the manifest of a finished dataset; refuses a missing or unreadable one."""
-    path = dataset_dir / MANIFEST
-    if not path.is_file():
-        raise EyasError(f"{path}: not found; is {dataset_dir} a finished `eyas prepare` output?")
-    try:
-        return DatasetManifest.model_validate(json.loads(path.read_text(encoding="utf-8")))
-    except (json.JSONDecodeError, ValidationError) as exc:
-        raise EyasError(f"{path}: not a valid eyas dataset manifest: {str(exc).splitlines()[0]}") from None
+    return DatasetManifest.read(dataset_dir, "eyas dataset", "eyas prepare")
 
 
 def read_progress(dataset_dir: Path) -> Progress | None:

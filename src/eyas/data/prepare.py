@@ -28,8 +28,8 @@ from eyas.errors import EyasError, InputError
 from eyas.files import sha256_file, sha256_text, sha256_tree, write_atomic, write_json_atomic, write_text_atomic
 from eyas.progress import stage_progress
 from eyas.stage import Stage
-from eyas.target.fingerprint import TargetFingerprint, target_fingerprint
-from eyas.target.tokenizer import load_tokenizer
+from eyas.models.fingerprint import TargetFingerprint, target_fingerprint
+from eyas.models.tokenizer import load_tokenizer
 
 MAX_SKIPPED_EXAMPLES = 20
 Item = TypeVar("Item")

@@ -29,9 +29,9 @@ from eyas.files import sha256_file, write_text_atomic
 from eyas.precision import choose_dtype
 from eyas.progress import stage_progress
 from eyas.stage import JsonLines, Stage
-from eyas.target.fingerprint import target_fingerprint
-from eyas.target.load import load_target, resolve_device
-from eyas.target.tokenizer import load_tokenizer
+from eyas.models.fingerprint import target_fingerprint
+from eyas.models.load import load_target, resolve_device
+from eyas.models.tokenizer import load_tokenizer
 from eyas.data.budget import group_under_budget
 
 CONVERSATIONS = "conversations.jsonl"

@@ -25,8 +25,8 @@ from eyas.decode.sampling import Sampling
 from eyas.decode.tree import DraftTree
 from eyas.decode.verify import Verdict, accept_greedy, accept_sampled_chain, accept_sampled_tree
 from eyas.draft.model import Eagle3Draft
-from eyas.target.capture import FeatureCapture
-from eyas.target.parts import TargetParts
+from eyas.models.capture import FeatureCapture
+from eyas.models.parts import TargetParts
 
 
 @dataclass

@@ -28,10 +28,10 @@ from eyas.files import sha256_file
 from eyas.precision import choose_dtype
 from eyas.progress import stage_progress
 from eyas.stage import Stage
-from eyas.target.fingerprint import target_fingerprint
-from eyas.target.load import load_config, load_target, resolve_device
-from eyas.target.parts import TargetParts
-from eyas.target.tokenizer import load_tokenizer
+from eyas.models.fingerprint import target_fingerprint
+from eyas.models.load import load_config, load_target, resolve_device
+from eyas.models.parts import TargetParts
+from eyas.models.tokenizer import load_tokenizer
 
 RESULTS = "results.jsonl"
 PROGRESS = "progress.json"

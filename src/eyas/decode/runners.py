@@ -16,8 +16,8 @@ import torch.nn.functional as F
 
 from eyas.draft.model import Eagle3Draft, StepKV
 from eyas.errors import EyasError
-from eyas.target.capture import FeatureCapture
-from eyas.target.parts import TargetParts
+from eyas.models.capture import FeatureCapture
+from eyas.models.parts import TargetParts
 
 
 @dataclass(frozen=True)

@@ -15,8 +15,8 @@ from pydantic import BaseModel, ConfigDict, PositiveInt, ValidationError
 
 from eyas.errors import EyasError
 from eyas.files import read_json_object
-from eyas.target.fingerprint import TargetFingerprint
-from eyas.target.layers import layer_id_problems
+from eyas.models.fingerprint import TargetFingerprint
+from eyas.models.layers import layer_id_problems
 
 ARCHITECTURE = "EyasEagle3Draft"
 CONFIG_FILE = "config.json"
@@ -128,7 +128,7 @@ def _fingerprint_problems(trained_for: TargetFingerprint | None, fingerprint: Ta
 def target_problems(config: DraftConfig, fingerprint: TargetFingerprint | None, target_config: Any) -> list[str]:
     """Return why a draft cannot run with a target (empty when it can), one line each: another
     fingerprint (when both the draft and `fingerprint` name one), a hidden size or vocabulary size
-    other than the target's, or aux layer ids the target cannot give (`eyas.target.layers`). Needs
+    other than the target's, or aux layer ids the target cannot give (`eyas.models.layers`). Needs
     no weights."""
     text = getattr(target_config, "text_config", None) or target_config
     hidden, layers, vocab = int(text.hidden_size), int(text.num_hidden_layers), int(text.vocab_size)

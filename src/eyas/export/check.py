@@ -14,8 +14,8 @@ from eyas.errors import EyasError
 from eyas.export.formats import CONVENTION_OF
 from eyas.export.importer import checked_config, num_layers_of, target_facts
 from eyas.export.reader import Published, read_published, resolve_ids, tensor_problems
-from eyas.target.fingerprint import TargetFingerprint
-from eyas.target.layers import Convention
+from eyas.models.fingerprint import TargetFingerprint
+from eyas.models.layers import Convention
 
 Engine = Literal["vllm", "sglang"]
 
@@ -30,14 +30,14 @@ def trained_for(published: Published) -> tuple[TargetFingerprint | None, list[st
     try:
         return TargetFingerprint.model_validate(recorded), []
     except ValidationError:
-        return None, ["eyas.target: not a target fingerprint (an eyas export records one)"]
+        return None, ["eyas.models: not a target fingerprint (an eyas export records one)"]
 
 
 def check_draft(path: Path, target: Path, engine: Engine, trust_remote_code: bool = False) -> list[str]:
     """Return every problem of the draft in `path` for serving with `target` on `engine` (empty: none).
 
     The layer ids are read in the engine's convention, as the engine will read them (EAGLE-3's
-    defaults when the files give none), and checked as `eyas.target.layers` checks every id list.
+    defaults when the files give none), and checked as `eyas.models.layers` checks every id list.
     """
     convention: Convention = CONVENTION_OF[engine]
     published = read_published(path)

@@ -1,5 +1,5 @@
 """The published EAGLE-3 checkpoint formats: tensor names, the layer-id convention of each format
-(the conventions themselves live in `eyas.target.layers`) and config keys.
+(the conventions themselves live in `eyas.models.layers`) and config keys.
 
 - `vllm`, `sglang`: the EAGLE-3 Hugging Face format (`architectures: ["LlamaForCausalLMEagle3"]`,
   `eagle_config.eagle_aux_hidden_state_layer_ids`), as SafeAILab/EAGLE, SpecForge and NVIDIA
@@ -22,7 +22,7 @@ from __future__ import annotations
 import re
 from typing import Literal
 
-from eyas.target.layers import Convention
+from eyas.models.layers import Convention
 
 Format = Literal["vllm", "sglang", "speculators"]
 FORMATS: tuple[Format, ...] = ("vllm", "sglang", "speculators")

@@ -15,14 +15,14 @@ from eyas.errors import EyasError
 from eyas.files import sha256_tree
 from eyas.export.reader import Published, draft_config_of, read_published, resolve_ids, tensor_problems
 from eyas.stage import Stage
-from eyas.target.fingerprint import TargetFingerprint
+from eyas.models.fingerprint import TargetFingerprint
 
 
 def target_facts(target: Path, trust_remote_code: bool = False) -> tuple[TargetFingerprint, Any]:
     """Return the fingerprint and transformers config of a target (no weights are read)."""
-    from eyas.target.fingerprint import target_fingerprint
-    from eyas.target.load import load_config
-    from eyas.target.tokenizer import load_tokenizer
+    from eyas.models.fingerprint import target_fingerprint
+    from eyas.models.load import load_config
+    from eyas.models.tokenizer import load_tokenizer
 
     return (target_fingerprint(target, load_tokenizer(target, trust_remote_code)), load_config(target, trust_remote_code))
 

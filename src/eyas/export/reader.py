@@ -18,8 +18,8 @@ from eyas.draft.config import CONFIG_FILE, DraftConfig
 from eyas.errors import EyasError
 from eyas.export.formats import HF_ARCHITECTURE, SPECULATORS_ARCHITECTURES, eyas_name
 from eyas.files import read_json_object
-from eyas.target.fingerprint import TargetFingerprint
-from eyas.target.layers import Convention, default_aux_layers, to_input_convention
+from eyas.models.fingerprint import TargetFingerprint
+from eyas.models.layers import Convention, default_aux_layers, to_input_convention
 
 LAYER_KEYS = ("hidden_size", "intermediate_size", "num_attention_heads", "vocab_size")
 
@@ -181,7 +181,7 @@ def _written_convention(published: Published, convention: Convention | None) -> 
 def resolve_ids(published: Published, convention: Convention | None, num_layers: int | None) -> list[int]:
     """Return the aux layer ids in eyas's input convention (EAGLE-3's defaults for a `num_layers`-layer
     target when the files give none); refuses ids whose convention is unknown, and ids that
-    `eyas.target.layers.check_layer_ids` refuses for an engine (in range only when `num_layers` is known)."""
+    `eyas.models.layers.check_layer_ids` refuses for an engine (in range only when `num_layers` is known)."""
     where = _ids_field(published)
     if published.ids is None:
         if num_layers is None:

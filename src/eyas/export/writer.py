@@ -15,7 +15,7 @@ from eyas.errors import EyasError
 from eyas.export.formats import CONVENTION_OF, HF_ARCHITECTURE, Format, engine_name
 from eyas.files import sha256_file, write_atomic, write_json_atomic
 from eyas.stage import Stage
-from eyas.target.layers import to_engine_ids
+from eyas.models.layers import to_engine_ids
 
 PROVENANCE = "eyas"
 EXPORT = Stage("export", "an eyas export", (CONFIG_FILE, WEIGHTS_FILE))
@@ -62,9 +62,9 @@ def engine_config(config: DraftConfig, fmt: Format, dtype: str, verifier: str | 
 
 def _embedding(config: ExportConfig, draft: DraftConfig) -> torch.Tensor:
     """Return the target's input embedding `[V, H]` for `--with-embedding`; refuses another target's."""
-    from eyas.target.fingerprint import target_fingerprint
-    from eyas.target.head import load_target_head
-    from eyas.target.tokenizer import load_tokenizer
+    from eyas.models.fingerprint import target_fingerprint
+    from eyas.models.head import load_target_head
+    from eyas.models.tokenizer import load_tokenizer
 
     if config.target is None:
         raise EyasError("export: --with-embedding needs --target (the embedding is the target's, not saved in the draft)")
@@ -95,7 +95,7 @@ def run_export(config: ExportConfig) -> Path:
     verifier = config.verifier or (str(config.target) if config.target else None)
     architectures = []
     if config.target is not None:
-        from eyas.target.fingerprint import read_model_config
+        from eyas.models.fingerprint import read_model_config
 
         architectures = list(read_model_config(config.target).get("architectures") or [])
     body = engine_config(draft_config, fmt, str(dtype).removeprefix("torch."), verifier, architectures,

@@ -32,11 +32,11 @@ from eyas.files import write_json_atomic
 from eyas.precision import Precision, choose_dtype
 from eyas.progress import stage_progress
 from eyas.stage import Stage
-from eyas.target.capture import FeatureCapture
-from eyas.target.load import DTYPES, load_target
+from eyas.models.capture import FeatureCapture
+from eyas.models.load import DTYPES, load_target
 
 if TYPE_CHECKING:
-    from eyas.target.vllm.extractor import VllmFeatures
+    from eyas.backends.vllm.extractor import VllmFeatures
 
 _PROGRESS = "progress-rank{rank}.json"
 
@@ -136,7 +136,7 @@ def _feature_source(config: ExtractConfig, plan: ExtractPlan, reader: DatasetRea
     """Load the target on `config.backend`; yield what computes the samples of dataset rows and the
     backend's description for the manifest (`hf`, `vllm VERSION (path)`)."""
     if config.backend == "vllm":
-        from eyas.target.vllm.extractor import VllmFeatures
+        from eyas.backends.vllm.extractor import VllmFeatures
 
         with tempfile.TemporaryDirectory(dir=config.out, prefix=".vllm-spool-") as spool:
             engine = VllmFeatures(config.target, plan.aux_ids, plan.num_layers, Path(spool), config.dtype,
@@ -184,7 +184,7 @@ def run_extract(config: ExtractConfig, plan: ExtractPlan | None = None) -> tuple
     precision = choose_dtype(config.dtype, config.device)
     config = config.model_copy(update={"dtype": precision.dtype})
     if config.backend == "vllm":  # an engine this machine cannot run: exit 3 before any check or claim
-        from eyas.target.vllm.extractor import usable_path
+        from eyas.backends.vllm.extractor import usable_path
 
         usable_path()
     plan = plan or preflight_extract(config, checks=config.preflight)

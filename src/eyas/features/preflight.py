@@ -22,11 +22,11 @@ from eyas.config import ExtractConfig
 from eyas.data.dataset import DatasetManifest, read_manifest
 from eyas.errors import EyasError
 from eyas.features.store import bytes_per_token
-from eyas.target.capture import FeatureCapture, teacher_logits
-from eyas.target.fingerprint import TargetFingerprint, is_gguf, target_fingerprint
-from eyas.target.layers import default_aux_layers, to_input_convention
-from eyas.target.load import build_meta_target, load_config, meta_execution, quantization_problems, resolve_device, weight_problems
-from eyas.target.tokenizer import load_tokenizer
+from eyas.models.capture import FeatureCapture, teacher_logits
+from eyas.models.fingerprint import TargetFingerprint, is_gguf, target_fingerprint
+from eyas.models.layers import default_aux_layers, to_input_convention
+from eyas.models.load import build_meta_target, load_config, meta_execution, quantization_problems, resolve_device, weight_problems
+from eyas.models.tokenizer import load_tokenizer
 
 _META_BATCH, _META_TOKENS = 2, 16
 
@@ -113,8 +113,8 @@ def _vllm_checks(config: ExtractConfig, plan: ExtractPlan) -> None:
     """Add the vLLM backend's problems: vLLM missing, unsupported or not matching eyas's contract, no GPU,
     a GGUF target, torchrun, a device choice (vLLM places the target itself)."""
     from eyas.distributed import current_ranks
-    from eyas.target.vllm.contract import vllm_problems
-    from eyas.target.vllm.extractor import NO_GPU
+    from eyas.backends.vllm.contract import vllm_problems
+    from eyas.backends.vllm.extractor import NO_GPU
 
     problems, facts = vllm_problems()
     plan.problems += problems

@@ -18,17 +18,17 @@ from pathlib import Path
 from typing import Literal
 
 import torch
-from pydantic import BaseModel, Field, ValidationError
+from pydantic import BaseModel, Field
 from safetensors import safe_open
 from safetensors.torch import save_file
 
 from eyas.errors import EyasError
 from eyas.features import fp8
 from eyas.files import sha256_file, write_atomic
-from eyas.target.fingerprint import TargetFingerprint
+from eyas.stage import MANIFEST_FILE, StageManifest
 
 FORMAT_VERSION = 1
-MANIFEST = "manifest.json"
+MANIFEST = MANIFEST_FILE
 StorageDtype = Literal["bf16", "fp8", "fp32"]
 TORCH_STORAGE = {"bf16": torch.bfloat16, "fp32": torch.float32, "fp8": fp8.FP8}
 SAFETENSORS_DTYPE = {"bf16": "BF16", "fp32": "F32", "fp8": "F8_E4M3"}
@@ -67,15 +67,11 @@ class ShardInfo(BaseModel):
     first_sample: int
 
 
-class StoreManifest(BaseModel):
+class StoreManifest(StageManifest):
     """`manifest.json` of a finished feature store."""
 
     kind: str = "eyas.features"
     format_version: int = FORMAT_VERSION
-    eyas_version: str
-    run_key: str
-    target_path: str
-    target: TargetFingerprint
     dataset_path: str
     dataset_fingerprint: str
     layer_ids: list[int] = Field(description="auxiliary layer ids in layer_convention")
@@ -165,13 +161,7 @@ class FeatureShard:
 
 def read_store_manifest(store: Path) -> StoreManifest:
     """Return the manifest of a finished store; refuses a missing or unreadable one."""
-    path = store / MANIFEST
-    if not path.is_file():
-        raise EyasError(f"{path}: not found; is {store} a finished `eyas extract` output?")
-    try:
-        return StoreManifest.model_validate(json.loads(path.read_text(encoding="utf-8")))
-    except (json.JSONDecodeError, ValidationError) as exc:
-        raise EyasError(f"{path}: not a valid eyas feature-store manifest: {str(exc).splitlines()[0]}") from None
+    return StoreManifest.read(store, "eyas feature-store", "eyas extract")
 
 
 def _nonfinite_samples(path: Path) -> list[str]:

@@ -66,7 +66,7 @@ def greedy_rounds(target: Path, draft_dir: Path, shape: tuple[int, int, int, boo
     from eyas.decode.drafting import TreeShape
     from eyas.decode.sampling import Sampling
     from eyas.draft.model import Eagle3Draft, load_draft, set_embedding
-    from eyas.target.load import load_target
+    from eyas.models.load import load_target
 
     parts = load_target(target, torch.float64, "cpu")
     draft = load_draft(draft_dir, parts.embed.weight.detach())
@@ -85,7 +85,7 @@ def greedy_rounds(target: Path, draft_dir: Path, shape: tuple[int, int, int, boo
 def decode_prompts(target: Path) -> list[list[int]]:
     """Return the 10 prompt id lists the decoding tests and the spread bench run: 7 chat prompts of the
     corpus's sentences (another draw than the training one) and 3 raw texts."""
-    from eyas.target.tokenizer import load_tokenizer
+    from eyas.models.tokenizer import load_tokenizer
 
     tokenizer = load_tokenizer(target)
     chats = [tokenizer(tokenizer.apply_chat_template([c[0]], tokenize=False, add_generation_prompt=True),

@@ -29,9 +29,9 @@ from eyas.files import sha256_file, sha256_text
 from eyas.precision import choose_dtype, machine_record
 from eyas.progress import stage_progress
 from eyas.stage import SUMMARY_FILE, JsonLines, Run, Stage
-from eyas.target.capture import FeatureCapture
-from eyas.target.head import TargetHead, head_of, load_target_head
-from eyas.target.load import DTYPES, resolve_device
+from eyas.models.capture import FeatureCapture
+from eyas.models.head import TargetHead, head_of, load_target_head
+from eyas.models.load import DTYPES, resolve_device
 from eyas.train import batches as B
 from eyas.train.checkpoint import (
     CHECKPOINTS, TrainerState, list_checkpoints, load_checkpoint, optimizer_tensors, prune_checkpoints, save_checkpoint,
@@ -122,7 +122,7 @@ class _Trainer:
             return StoreSource(config.features, setup.store), load_target_head(setup.target, head_dtype, str(self.device),
                                                                                config.trust_remote_code)
         from eyas.data.dataset import DatasetReader
-        from eyas.target.load import load_target
+        from eyas.models.load import load_target
 
         parts = load_target(setup.target, DTYPES[config.target_dtype], str(self.device), config.trust_remote_code)
         self.capture = FeatureCapture(parts, setup.draft_config.aux_layer_ids).__enter__()

@@ -16,10 +16,10 @@ from eyas.data.vocab import DraftVocab, cached_draft_vocab, check_draft_vocab_si
 from eyas.draft.config import DraftConfig, draft_config_for_target, read_draft_config, target_problems
 from eyas.errors import EyasError
 from eyas.features.store import MANIFEST, StoreManifest, read_store_manifest
-from eyas.target.fingerprint import TargetFingerprint, target_fingerprint
-from eyas.target.layers import check_layer_ids, default_aux_layers, to_input_convention
-from eyas.target.load import load_config
-from eyas.target.tokenizer import load_tokenizer
+from eyas.models.fingerprint import TargetFingerprint, target_fingerprint
+from eyas.models.layers import check_layer_ids, default_aux_layers, to_input_convention
+from eyas.models.load import load_config
+from eyas.models.tokenizer import load_tokenizer
 
 DEFAULT_DRAFT_VOCAB = 32000
 
@@ -92,7 +92,7 @@ def _warm_start_vocab(init: Path, dataset_dir: Path, manifest: ds.DatasetManifes
 
 def _aux_ids(config: TrainConfig, store: StoreManifest | None, num_layers: int) -> list[int]:
     """Return the run's aux layer ids in the input convention: the store's, the configured ones, or
-    EAGLE-3's defaults; refuses ids that `eyas.target.layers` refuses for this target."""
+    EAGLE-3's defaults; refuses ids that `eyas.models.layers` refuses for this target."""
     if store is not None:
         return check_layer_ids(store.layer_ids, store.layer_convention, num_layers,
                                f"{config.features / MANIFEST}: layer_ids")  # type: ignore[operator]

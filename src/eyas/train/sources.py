@@ -15,7 +15,7 @@ import torch
 from eyas.data.dataset import DatasetReader
 from eyas.features.extract import sample_features
 from eyas.features.store import FeatureShard, StoreManifest
-from eyas.target.capture import FeatureCapture
+from eyas.models.capture import FeatureCapture
 
 Sample = dict[str, torch.Tensor]
 

@@ -20,7 +20,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.example_hidden_states_connecto
 from vllm.outputs import RequestOutput
 
 from eyas.errors import EyasError
-from eyas.target.vllm.engine import engine_arguments, prefill
+from eyas.backends.vllm.engine import engine_arguments, prefill
 
 CONNECTOR = "ExampleHiddenStatesConnector"
 

@@ -49,10 +49,10 @@ class VllmPath:
 
 VLLM_PATHS = (
     VllmPath("worker extension", "0.11.0", "0.22.0", ("engine.py", "hooked.py", "worker.py"), ("0.11.0", "0.21.0"),
-             "eyas.target.vllm.hooked:HookedExtractor",
+             "eyas.backends.vllm.hooked:HookedExtractor",
              "LLM(worker_extension_cls=...) + collective_rpc; eager, one prompt per forward, hooks sum hidden + residual"),
     VllmPath("hidden-states connector", "0.22.0", None, ("engine.py", "connector.py"), ("0.22.0", "0.34.0"),
-             "eyas.target.vllm.connector:ConnectorExtractor",
+             "eyas.backends.vllm.connector:ConnectorExtractor",
              "speculative method extract_hidden_states + ExampleHiddenStatesConnector; files read with its "
              "load_hidden_states (asynchronous writes from 0.22)"),
 )

@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from eyas.errors import EyasError
-from eyas.target.fingerprint import config_source, config_vocab_size, hf_location, read_model_config
+from eyas.models.fingerprint import config_source, config_vocab_size, hf_location, read_model_config
 
 
 def load_tokenizer(target: Path, trust_remote_code: bool = False) -> Any:

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from eyas.target.parts import TargetParts
+from eyas.models.parts import TargetParts
 
 
 @dataclass(frozen=True)

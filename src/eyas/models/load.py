@@ -12,8 +12,8 @@ from typing import Any
 import torch
 
 from eyas.errors import CannotRun, EyasError
-from eyas.target.fingerprint import hf_location, is_gguf, read_model_config
-from eyas.target.parts import TargetParts, locate_parts
+from eyas.models.fingerprint import hf_location, is_gguf, read_model_config
+from eyas.models.parts import TargetParts, locate_parts
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 _CUDA_ONLY_QUANT = {"fp8", "fbgemm_fp8", "gptq", "awq", "marlin", "exl2", "hqq", "eetq", "fp_quant", "mxfp4"}

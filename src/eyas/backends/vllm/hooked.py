@@ -16,9 +16,9 @@ from safetensors.torch import load_file
 from vllm import LLM
 
 from eyas.errors import EyasError
-from eyas.target.vllm.engine import engine_arguments, prefill
+from eyas.backends.vllm.engine import engine_arguments, prefill
 
-EXTENSION = "eyas.target.vllm.worker.HiddenStateCapture"
+EXTENSION = "eyas.backends.vllm.worker.HiddenStateCapture"
 
 
 class HookedExtractor:

@@ -10,8 +10,8 @@ import numpy as np
 import torch
 
 from eyas.errors import CannotRun
-from eyas.target.vllm.contract import VllmPath, installed_vllm, release_path
-from eyas.target.vllm.layout import layer_features, vllm_layer_ids
+from eyas.backends.vllm.contract import VllmPath, installed_vllm, release_path
+from eyas.backends.vllm.layout import layer_features, vllm_layer_ids
 
 
 NO_GPU = "--backend vllm: needs a CUDA GPU and none is visible (use --backend hf on CPU)"

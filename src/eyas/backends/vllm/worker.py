@@ -14,7 +14,7 @@ from pathlib import Path
 from safetensors.torch import save_file
 from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
-from eyas.target.vllm.residual import ResidualCapture
+from eyas.backends.vllm.residual import ResidualCapture
 
 
 class HiddenStateCapture:

@@ -12,7 +12,7 @@ import numpy as np
 import torch
 
 from eyas.errors import EyasError
-from eyas.target.layers import from_input_convention
+from eyas.models.layers import from_input_convention
 
 
 def vllm_layer_ids(aux_ids: list[int], num_layers: int) -> list[int]:

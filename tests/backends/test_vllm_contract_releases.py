@@ -8,7 +8,7 @@ import pytest
 
 from eyas.audit.checks import ERROR
 from eyas.audit.run import run_audit
-from eyas.target.vllm.contract import VLLM_PATHS, VllmPath
+from eyas.backends.vllm.contract import VLLM_PATHS, VllmPath
 
 pytestmark = pytest.mark.slow
 

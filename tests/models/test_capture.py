@@ -7,10 +7,10 @@ import pytest
 import torch
 
 from eyas.errors import EyasError
-from eyas.target.capture import FeatureCapture, teacher_logits
-from eyas.target.layers import default_aux_layers, from_input_convention, to_input_convention
-from eyas.target.load import load_target
-from eyas.target.parts import locate_parts
+from eyas.models.capture import FeatureCapture, teacher_logits
+from eyas.models.layers import default_aux_layers, from_input_convention, to_input_convention
+from eyas.models.load import load_target
+from eyas.models.parts import locate_parts
 
 ARCHITECTURES = ["llama", "qwen3", "mistral", "qwen3_moe", "deepseek_v3", "gemma2", "phi3", "gpt_neox"]
 

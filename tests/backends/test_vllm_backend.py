@@ -22,11 +22,11 @@ from eyas.errors import EyasError
 from eyas.features.extract import run_extract
 from eyas.features.preflight import preflight_extract
 from eyas.features.store import FeatureShard, read_store_manifest, verify_store
-from eyas.target.capture import FeatureCapture
-from eyas.target.load import load_target
-from eyas.target.vllm.contract import VLLM_PATHS, VllmPath, path_for
-from eyas.target.vllm.layout import layer_features, vllm_layer_ids
-from eyas.target.vllm.residual import ResidualCapture
+from eyas.models.capture import FeatureCapture
+from eyas.models.load import load_target
+from eyas.backends.vllm.contract import VLLM_PATHS, VllmPath, path_for
+from eyas.backends.vllm.layout import layer_features, vllm_layer_ids
+from eyas.backends.vllm.residual import ResidualCapture
 
 
 def test_layout_maps_vllm_columns_to_the_stores_aux_and_last() -> None:
@@ -149,7 +149,7 @@ def stand_in_vllm(monkeypatch: pytest.MonkeyPatch) -> type[_StandInEngine]:
     module.Engine = _StandInEngine
     monkeypatch.setitem(sys.modules, "eyas_stand_in_vllm", module)
     path = VllmPath("stand-in", "0.0.0", None, (), ("0.0.0", "0.0.0"), "eyas_stand_in_vllm:Engine", "test")
-    monkeypatch.setattr("eyas.target.vllm.extractor.usable_path", lambda: ("0.0.0", path))
+    monkeypatch.setattr("eyas.backends.vllm.extractor.usable_path", lambda: ("0.0.0", path))
     _StandInEngine.calls, _StandInEngine.fail_after = 0, None
     return _StandInEngine
 
@@ -235,7 +235,7 @@ def test_only_the_contracts_modules_import_vllm() -> None:
 
 
 def test_worker_extension_methods_cannot_clash_with_the_workers() -> None:
-    worker = Path(eyas.__file__).parent / "target" / "vllm" / "worker.py"
+    worker = Path(eyas.__file__).parent / "backends" / "vllm" / "worker.py"
     extension = next(n for n in ast.parse(worker.read_text()).body if isinstance(n, ast.ClassDef))
     methods = [n.name for n in extension.body if isinstance(n, ast.FunctionDef)]
     assert methods and all(name.startswith("eyas_") for name in methods)
@@ -246,6 +246,6 @@ def test_bare_preflight_checks_the_vllm_backend_only_when_vllm_is_installed(run_
                                                                             monkeypatch: pytest.MonkeyPatch) -> None:
     clean = run_cli("preflight")
     assert clean.code == 0 and "vLLM: not installed (the vllm extraction backend is unavailable)" in clean.out
-    monkeypatch.setattr("eyas.target.vllm.contract.installed_vllm", lambda: "0.10.2")
+    monkeypatch.setattr("eyas.backends.vllm.contract.installed_vllm", lambda: "0.10.2")
     old = run_cli("preflight")
     assert old.code == 1 and "vLLM 0.10.2 is outside the supported releases" in old.out

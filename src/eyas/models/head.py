@@ -19,9 +19,9 @@ from safetensors import safe_open
 from torch import nn
 
 from eyas.errors import EyasError
-from eyas.target.fingerprint import is_gguf
-from eyas.target.load import build_meta_target, load_config, load_target
-from eyas.target.parts import TargetParts
+from eyas.models.fingerprint import is_gguf
+from eyas.models.load import build_meta_target, load_config, load_target
+from eyas.models.parts import TargetParts
 
 INDEX_FILE = "model.safetensors.index.json"
 
