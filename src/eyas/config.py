@@ -25,6 +25,7 @@ from eyas.models.layers import Convention
 FLOAT32_MAX = 3.4028234663852886e38  # AdamW scales float32 weights by lr and weight decay: larger cannot be applied
 AUTO_HELP = "auto: bfloat16 where the device computes it natively (CUDA with bf16, a CPU with AVX-512-BF16 or AMX), else float32"
 
+DEFAULT_TREE = "5,4,16"  # eval's decoding shape when neither a chain nor a tree is given
 STAGE_NAMES = ("demo", "prepare", "regenerate", "extract", "train", "eval", "export", "import", "check-draft")
 
 
@@ -178,7 +179,8 @@ class EvalConfig(StageConfig):
     )
     out: Path = Field(description="report directory: report.json, acceptance.png")
     chain: PositiveInt | None = Field(None, description="draft a chain of this many tokens", json_schema_extra=DECIDES)
-    tree: str | None = Field(None, description="EAGLE-2 dynamic tree DEPTH,TOPK,TOTAL (default 5,4,16)", json_schema_extra=DECIDES)
+    tree: str | None = Field(None, description=f"EAGLE-2 dynamic tree DEPTH,TOPK,TOTAL (default {DEFAULT_TREE} "
+                                               "unless --chain)", json_schema_extra=DECIDES)
     temperature: float = Field(0.0, ge=0, description="0: greedy (lossless: the target's own greedy output)", json_schema_extra=DECIDES)
     top_p: float = Field(1.0, gt=0, le=1, description="nucleus sampling mass", json_schema_extra=DECIDES)
     top_k: int = Field(0, ge=0, description="keep the k most likely tokens (0: all)", json_schema_extra=DECIDES)

@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from eyas.config import EvalConfig
+from eyas.config import DEFAULT_TREE, EvalConfig
 from eyas.data.prompts import eos_ids, generate_kwargs
 from eyas.decode.decoder import Decoder, Generation
 from eyas.decode.drafting import TreeShape
@@ -36,7 +36,6 @@ from eyas.models.tokenizer import load_tokenizer
 RESULTS = "results.jsonl"
 PROGRESS = "progress.json"
 EVAL = Stage("eval", "an eyas eval report", (RESULTS, PROGRESS, REPORT, "acceptance.png"), keyed=(PROGRESS,))
-DEFAULT_TREE = TreeShape(5, 4, 16)
 WARMUP_TOKENS = 8
 
 
@@ -46,11 +45,10 @@ def decoding_shape(config: EvalConfig) -> TreeShape:
         raise EyasError("eval: give --chain K or --tree DEPTH,TOPK,TOTAL, not both")
     if config.chain is not None:
         return TreeShape.chain_of(config.chain)
-    if config.tree is None:
-        return DEFAULT_TREE
-    parts = config.tree.split(",")
+    tree = config.tree or DEFAULT_TREE
+    parts = tree.split(",")
     if len(parts) != 3 or not all(p.strip().isdigit() and int(p) > 0 for p in parts):
-        raise EyasError(f"tree: {config.tree!r}: expected DEPTH,TOPK,TOTAL, three positive integers (e.g. 5,4,16)")
+        raise EyasError(f"tree: {tree!r}: expected DEPTH,TOPK,TOTAL, three positive integers (e.g. {DEFAULT_TREE})")
     depth, top_k, total = map(int, parts)
     return TreeShape(depth, top_k, total)
 
