@@ -114,6 +114,9 @@ def test_bad_layers_are_refused(weighted_target, prepared, run_cli, tmp_path: Pa
     assert "layers: [99] out of range for a 8-layer target in the input convention (0..8)" in err
     err = preflight_problem(run_cli, *extract_args(target, data, tmp_path / "s", "--layers", "2,4,5"))
     assert "layer_convention: required with --layers" in err
+    err = preflight_problem(run_cli, *extract_args(target, data, tmp_path / "s", "--layers", "5,2,4",
+                                                   "--layer-convention", "input"))  # refused now, not at export
+    assert "layers: [5, 2, 4] not ascending (engines concatenate the layers in ascending order)" in err
 
 
 def test_missing_weight_shard_and_unwritable_out_are_reported_together(weighted_target, prepared, run_cli,

@@ -170,7 +170,8 @@ def preflight_extract(config: ExtractConfig, checks: bool = True) -> ExtractPlan
             elif config.layer_convention is None:
                 raise EyasError("layer_convention: required with --layers (input: EAGLE/vLLM ids, output: SGLang ids)")
             else:
-                plan.aux_ids = to_input_convention(config.layers, config.layer_convention, plan.num_layers)
+                plan.aux_ids = to_input_convention(config.layers, config.layer_convention, plan.num_layers,
+                                                   engine=True)  # a draft the engines will feed in ascending order
         except EyasError as error:
             plan.problems.append(str(error))
         if checks:

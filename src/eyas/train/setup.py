@@ -100,7 +100,7 @@ def _aux_ids(config: TrainConfig, store: StoreManifest | None, num_layers: int) 
         return default_aux_layers(num_layers)
     if config.layer_convention is None:
         raise EyasError("layer_convention: required with layers (input: vLLM/EAGLE, output: SGLang)")
-    return to_input_convention(config.layers, config.layer_convention, num_layers)
+    return to_input_convention(config.layers, config.layer_convention, num_layers, engine=True)  # as engines feed them
 
 
 def _check_warm_start(init_dir: Path, init: DraftConfig, target_config: object, aux_ids: list[int]) -> None:
