@@ -145,3 +145,19 @@ def test_flags_config_file_and_overrides_layer_the_same_fields(tmp_path: Path, r
     assert result.code == 2 and "nonsense" in result.err
     result = run_cli("export", "--config", config_file, "export.speculative_tokens=0")
     assert result.code == 2 and "export.speculative_tokens" in result.err
+
+
+def test_nested_stage_outputs_are_never_foreign_nor_removed(tmp_path: Path) -> None:
+    """The demo's root holds the stages' own directories (each claimed by its stage): claiming the root,
+    even a root left by an earlier eyas with no run key, must not remove them."""
+    root = Stage("toy", "a toy output", ("data-*.txt",), nested=("features", "train"))
+    out = tmp_path / "out"
+    (out / "features").mkdir(parents=True)
+    (out / "features" / "shard.safetensors").write_text("hours of work")
+    (out / "data-0.txt").write_text("made before run.json existed")
+    assert not root.claim(Toy(out=out), {}).resumed
+    assert (out / "features" / "shard.safetensors").read_text() == "hours of work"
+    assert not (out / "data-0.txt").exists()  # the root's own file of an unkeyed run goes, as for every stage
+    (out / "stray.bin").write_text("?")
+    with pytest.raises(EyasError, match="holds a toy output made from other inputs or settings"):
+        root.claim(Toy(out=out, size=3), {})

@@ -53,7 +53,7 @@ def _lock_output_dir(out: Path) -> None:
 
 
 def claim_output_dir(out: Path, run_key: str, existing_keys: set[str], own: tuple[str, ...], overwrite: bool,
-                     what: str) -> bool:
+                     what: str, kept: tuple[str, ...] = ()) -> bool:
     """Make `out` ready for the run `run_key`; return True when it already holds (part of) this very run.
 
     `existing_keys` are the run keys found in `out`'s manifest or progress files, `own` the name
@@ -62,8 +62,9 @@ def claim_output_dir(out: Path, run_key: str, existing_keys: set[str], own: tupl
     once). Temporary files of a killed writer are removed. Unless `overwrite`, refuses a directory
     holding another run or files the stage never writes; otherwise removes the stage's own files
     (another run's, or those of a run killed before it recorded anything) and nothing else.
-    The lock file is nobody's: never foreign, never removed. Only one process of a run claims
-    (rank 0 under torchrun).
+    The lock file is nobody's: never foreign, never removed; so are the name patterns `kept` (other
+    stages' outputs nested in `out`, which claim their own directories). Only one process of a run
+    claims (rank 0 under torchrun).
     """
     if out.exists() and not out.is_dir():
         raise EyasError(f"{out}: exists and is not a directory (--out)")
@@ -77,7 +78,8 @@ def claim_output_dir(out: Path, run_key: str, existing_keys: set[str], own: tupl
     def is_own(path: Path) -> bool:
         return any(path.match(pattern) for pattern in own)
 
-    contents = [path for path in out.iterdir() if path.name != LOCK_FILE]
+    contents = [path for path in out.iterdir()
+                if path.name != LOCK_FILE and not any(path.match(pattern) for pattern in kept)]
     if not overwrite and (existing_keys or not all(map(is_own, contents))):
         held = f"{what} made from other inputs or settings" if existing_keys else f"files that are not {what}"
         raise EyasError(f"{out}: holds {held}; use another --out or --overwrite")

@@ -145,6 +145,7 @@ class Stage:
     what: str
     own: tuple[str, ...]
     keyed: tuple[str, ...] = ()  # patterns of the JSON files besides run.json that record their run's "run_key"
+    nested: tuple[str, ...] = ()  # other stages' output directories inside this one: never foreign, never removed
 
     def claim(self, config: StageConfig, inputs: dict[str, Any], notes: tuple[str, ...] = (),
               primary: bool = True) -> Run:
@@ -163,7 +164,8 @@ class Stage:
             return Run(out, key, resumed=False)
         existing = self.recorded_keys(out)
         overwrite = bool(getattr(config, "overwrite", False))
-        resumed = claim_output_dir(out, key, existing, (*self.own, RUN_FILE, CONFIG_FILE), overwrite, self.what)
+        resumed = claim_output_dir(out, key, existing, (*self.own, RUN_FILE, CONFIG_FILE), overwrite, self.what,
+                                   self.nested)
         write_json_atomic(out / RUN_FILE, {"stage": self.name, "run_key": key, "eyas_version": __version__})
         write_resolved_config(config, self.name, out, notes)
         return Run(out, key, resumed)

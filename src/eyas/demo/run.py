@@ -53,7 +53,7 @@ def run_demo(config_file: Path) -> Path:
                                                    for section, name in _SECTIONS)  # each section once
     inside = {config.out.name for config in (regenerate, prepare, extract, train, export, eval_config, tree_config)
               if config is not None and config.out.parent == demo.out}
-    Stage("demo", "an eyas demo", ("prompts", "report", *sorted(inside))).claim(demo, {})
+    Stage("demo", "an eyas demo", ("prompts", "report"), nested=tuple(sorted(inside))).claim(demo, {})
     timed("prompts", lambda: write_prompt_files(demo.out / "prompts", demo.train_prompts, demo.seed))
     timed("regenerate", lambda: run_regenerate(regenerate))
     timed("prepare", lambda: run_prepare(prepare))
