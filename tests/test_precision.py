@@ -56,6 +56,15 @@ def test_auto_is_bfloat16_where_the_cpu_has_avx512_bf16_or_amx(cpu, capsys: pyte
     assert capsys.readouterr().err.startswith("eyas: eval dtype auto -> bfloat16: this CPU has AVX-512-BF16")
 
 
+def test_kernels_forced_below_avx512_make_bfloat16_not_native(cpu) -> None:
+    """ATEN_CPU_CAPABILITY=default|avx2 on an AMX CPU: torch's bfloat16 paths cannot use the CPU's BF16
+    instructions (they fail in pack_vnni2), so auto must not pick bfloat16 there."""
+    cpu(CpuFeatures("DEFAULT", avx512_bf16=True, amx_bf16=True, avx512_fp16=True, amx_fp16=False))
+    chosen = choose_dtype("auto", "cpu")
+    assert chosen.dtype == "float32" and "torch runs DEFAULT kernels (ATEN_CPU_CAPABILITY)" in chosen.reason
+    assert choose_dtype("bfloat16", "cpu").emulated and choose_dtype("float16", "cpu").emulated
+
+
 def test_an_explicit_dtype_is_honoured_and_warned_once_when_emulated(cpu, capsys: pytest.CaptureFixture[str]) -> None:
     cpu(AVX2)
     for _ in range(2):
@@ -95,7 +104,8 @@ def test_this_machine_reports_what_torch_and_cpuinfo_say() -> None:
     features = precision.cpu_features()
     assert features.capability == torch.backends.cpu.get_cpu_capability()
     flags = Path("/proc/cpuinfo").read_text().split("flags")[1].splitlines()[0].split()
-    assert features.native_bfloat16 == ("avx512_bf16" in flags or "amx_bf16" in flags)
+    assert features.native_bfloat16 == (("avx512_bf16" in flags or "amx_bf16" in flags)
+                                        and torch.backends.cpu.get_cpu_capability().startswith("AVX512"))
     record = precision.machine_record()
     assert record["cpu_capability"] == features.capability and record["torch_threads"] == torch.get_num_threads()
 

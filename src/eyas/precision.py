@@ -41,12 +41,18 @@ class CpuFeatures:
     amx_fp16: bool
 
     @property
+    def avx512_kernels(self) -> bool:
+        """Whether torch runs its AVX-512 kernels (ATEN_CPU_CAPABILITY=default or avx2 lowers them, and torch's
+        bfloat16 paths then cannot use the CPU's BF16/AMX instructions: they fail in `pack_vnni2`)."""
+        return self.capability.startswith("AVX512")
+
+    @property
     def native_bfloat16(self) -> bool:
-        return self.avx512_bf16 or self.amx_bf16
+        return (self.avx512_bf16 or self.amx_bf16) and self.avx512_kernels
 
     @property
     def native_float16(self) -> bool:
-        return self.avx512_fp16 or self.amx_fp16
+        return (self.avx512_fp16 or self.amx_fp16) and self.avx512_kernels
 
 
 @cache
@@ -139,10 +145,16 @@ def _native(dtype: str, device: str) -> tuple[bool, str]:
     features = cpu_features()
     if dtype == "bfloat16":
         found = [name for name, has in (("AVX-512-BF16", features.avx512_bf16), ("AMX-BF16", features.amx_bf16)) if has]
+        if found and not features.avx512_kernels:
+            return False, (f"this CPU has {' and '.join(found)} but torch runs {features.capability} kernels "
+                           "(ATEN_CPU_CAPABILITY), which cannot use them")
         if found:
             return True, f"this CPU has {' and '.join(found)} (torch capability {features.capability})"
         return False, f"this CPU (torch capability {features.capability}) has no AVX-512-BF16 or AMX: bfloat16 is emulated"
     found = [name for name, has in (("AVX-512-FP16", features.avx512_fp16), ("AMX-FP16", features.amx_fp16)) if has]
+    if found and not features.avx512_kernels:
+        return False, (f"this CPU has {' and '.join(found)} but torch runs {features.capability} kernels "
+                       "(ATEN_CPU_CAPABILITY), which cannot use them")
     if found:
         return True, f"this CPU has {' and '.join(found)} (torch capability {features.capability})"
     return False, f"this CPU (torch capability {features.capability}) has no AVX-512-FP16 or AMX-FP16: float16 is emulated"
