@@ -159,7 +159,7 @@ def test_vllm_backend_writes_the_hf_backends_store_and_resumes(weighted_target, 
     target = weighted_target("llama")
     data = prepared(target)
     common = {"target": target, "data": data, "dtype": "float32", "storage_dtype": "fp32", "shard_tokens": 400,
-              "layers": [5, 2], "layer_convention": "input"}
+              "layers": [2, 5], "layer_convention": "input"}
     hf = ExtractConfig(out=tmp_path / "hf", **common)
     run_extract(hf)
     config = ExtractConfig(out=tmp_path / "vllm", backend="vllm", **common)
@@ -170,7 +170,7 @@ def test_vllm_backend_writes_the_hf_backends_store_and_resumes(weighted_target, 
     assert (tmp_path / "vllm" / "progress-rank0.json").is_file() and not (tmp_path / "vllm" / "manifest.json").exists()
     stand_in_vllm.fail_after = None
     manifest, reused = run_extract(config, plan)
-    assert not reused and manifest.backend == "vllm 0.0.0 (stand-in)" and manifest.layer_ids == [5, 2]
+    assert not reused and manifest.backend == "vllm 0.0.0 (stand-in)" and manifest.layer_ids == [2, 5]
     reference = read_store_manifest(tmp_path / "hf")
     assert reference.backend == "hf" and manifest.run_key != reference.run_key
     assert [(s.samples, s.tokens) for s in manifest.shards] == [(s.samples, s.tokens) for s in reference.shards]
