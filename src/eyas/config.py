@@ -156,13 +156,17 @@ class RegenerateConfig(StageConfig):
     top_p: float = Field(0.95, gt=0, le=1, description="nucleus sampling mass", json_schema_extra=DECIDES)
     token_budget: PositiveInt = Field(16384, description="rows x (longest prompt + max_new_tokens) per batch", json_schema_extra=DECIDES)
     limit: PositiveInt | None = Field(None, description="answer the first N prompts only", json_schema_extra=DECIDES)
-    seed: int = Field(0, description="batch b samples with seed + b", json_schema_extra=DECIDES)
+    seed: int = Field(0, description="hf: batch b samples with seed + b; vllm: prompt i samples with seed + i",
+                      json_schema_extra=DECIDES)
     chat_template_kwargs: dict[str, Any] = Field(
         default_factory=dict, description="extra variables for the chat template (as prepare's), e.g. {enable_thinking: false}",
         json_schema_extra=DECIDES
     )
     skip_invalid: bool = Field(False, description="skip bad records (listed in rejected.jsonl) instead of stopping", json_schema_extra=DECIDES)
-    device: str | None = Field(None, description="cpu, cuda or cuda:N (default cuda if present)")
+    backend: Literal["hf", "vllm"] = Field(
+        "hf", description="hf: transformers' generate; vllm: vLLM's offline engine, continuous batching (make setup-vllm)",
+        json_schema_extra=DECIDES)
+    device: str | None = Field(None, description="cpu, cuda or cuda:N (default cuda if present; hf backend)")
     dtype: DtypeChoice = Field("auto", description=f"dtype the target runs in ({AUTO_HELP})", json_schema_extra=DECIDES)
     overwrite: bool = Field(False, description="replace another regenerate output in --out")
     trust_remote_code: bool = Field(False, description="allow custom model code from the target directory")
@@ -187,6 +191,10 @@ class EvalConfig(StageConfig):
     max_new_tokens: PositiveInt = Field(128, description="new tokens per prompt at most", json_schema_extra=DECIDES)
     limit: PositiveInt | None = Field(None, description="evaluate the first N prompts only", json_schema_extra=DECIDES)
     prompt_lookup: int = Field(0, ge=0, description="also time transformers' prompt-lookup decoding with N tokens (0: off)", json_schema_extra=DECIDES)
+    engine: Literal["eyas", "vllm"] = Field(
+        "eyas", description="eyas: eyas's decoder; vllm: also serve the draft in vLLM (target alone, EAGLE-3 chain, "
+                            "ngram) on the same prompt ids and report its figures beside eyas's (needs vLLM: make setup-vllm)",
+        json_schema_extra=DECIDES)
     seed: int = Field(0, description="sampling seed", json_schema_extra=DECIDES)
     device: str | None = Field(None, description="cpu, cuda or cuda:N (default cuda if present)")
     dtype: DtypeChoice = Field("auto", description=f"dtype of target and draft ({AUTO_HELP})", json_schema_extra=DECIDES)

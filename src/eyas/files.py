@@ -25,6 +25,11 @@ _FULL = (errno.ENOSPC, errno.EDQUOT)
 _RUST_OS_ERROR = re.compile(r"\(os error (\d+)\)")  # how safetensors' Rust writer reports an I/O errno
 
 
+def eyas_cache() -> Path:
+    """Return eyas's cache directory: `$EYAS_CACHE`, default `~/.cache/eyas` (not created here)."""
+    return Path(os.environ.get("EYAS_CACHE", Path.home() / ".cache" / "eyas"))
+
+
 def sha256_file(path: Path) -> str:
     """Return the hex sha256 of a file's bytes."""
     digest = hashlib.sha256()

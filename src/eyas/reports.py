@@ -117,6 +117,22 @@ def print_eval_report(out: Path, report: EvalReport) -> None:
                       f"{report.prompt_lookup['tokens_per_s']:.1f} ({report.prompt_lookup['speedup']:.2f}x)")
     if report.sampling["temperature"] == 0:
         table.add_row("outputs identical to the target alone", f"{report.same_as_baseline}/{report.prompts}")
+    if report.vllm is not None:
+        served = report.vllm
+        table.add_section()
+        table.add_row(f"served by {served.vllm} ({served.dtype}, same prompt ids, batched)", "")
+        table.add_row("  tau (vLLM's counters)", f"{served.eagle3.tau:.2f}" + (
+            f" ({served.tau_ratio_vllm_to_eyas:.2f}x eyas's)" if served.tau_ratio_vllm_to_eyas else ""))
+        for i, share in enumerate(served.eagle3.per_position_acceptance or [], 1):
+            table.add_row(f"    accepted at draft position {i}", f"{share:.1%}")
+        table.add_row("  tokens/s target alone", f"{served.target_alone.tokens_per_s:.1f}")
+        table.add_row(f"  tokens/s EAGLE-3 chain {served.chain}",
+                      f"{served.eagle3.tokens_per_s:.1f} ({served.eagle3.speedup:.2f}x)")
+        table.add_row(f"  tokens/s ngram ({served.chain} tokens, n-grams <= {served.ngram_lookup_max})",
+                      f"{served.ngram.tokens_per_s:.1f} ({served.ngram.speedup:.2f}x)")
+        if report.sampling["temperature"] == 0:
+            table.add_row("  EAGLE-3 outputs identical to vLLM's target alone",
+                          f"{served.eagle3.same_as_target_alone}/{served.prompts}")
     console.print(table)
 
 

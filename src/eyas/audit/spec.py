@@ -10,7 +10,6 @@ directory (`src/` layouts included).
 from __future__ import annotations
 
 import importlib.metadata
-import os
 import re
 import shutil
 import subprocess
@@ -21,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from eyas.audit.index import fetch_sdist, normalize
 from eyas.errors import EyasError
+from eyas.files import eyas_cache
 
 
 @dataclass(frozen=True)
@@ -34,7 +34,7 @@ class Source:
 
 def cache_dir() -> Path:
     """Return eyas's audit cache (`$EYAS_CACHE/audit`, default `~/.cache/eyas/audit`)."""
-    return Path(os.environ.get("EYAS_CACHE", Path.home() / ".cache" / "eyas")) / "audit"
+    return eyas_cache() / "audit"
 
 
 def _top_level(root: Path) -> frozenset[str]:

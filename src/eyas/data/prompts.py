@@ -107,7 +107,27 @@ def read_prompt_files(files: list[Path], encoder: ChatEncoder, kinds: tuple[str,
 def eos_ids(model: Any, tokenizer: Any) -> set[int]:
     """Return the ids the target stops at: its generation config's `eos_token_id` (an int or a list)
     and the tokenizer's EOS (an empty set when neither has one: generation stops at its length)."""
-    found = getattr(model.generation_config, "eos_token_id", None)  # a model that cannot generate has None
+    return _stop_ids(model.generation_config, tokenizer)
+
+
+def target_eos_ids(target: Path, tokenizer: Any, trust_remote_code: bool = False) -> set[int]:
+    """Return `eos_ids` of a target without loading its weights: the generation config is read from
+    `generation_config.json`, else derived from the model config (a GGUF file's too)."""
+    from transformers import GenerationConfig
+
+    from eyas.models.fingerprint import hf_location
+    from eyas.models.load import load_config
+
+    path, kwargs = hf_location(target)
+    try:
+        generation = GenerationConfig.from_pretrained(path, local_files_only=True, **kwargs)
+    except OSError:  # no generation_config.json (GGUF files have none)
+        generation = GenerationConfig.from_model_config(load_config(target, trust_remote_code))
+    return _stop_ids(generation, tokenizer)
+
+
+def _stop_ids(generation_config: Any, tokenizer: Any) -> set[int]:
+    found = getattr(generation_config, "eos_token_id", None)  # a model that cannot generate has None
     listed = found if isinstance(found, list) else [] if found is None else [found]
     ids = {int(i) for i in listed}
     if tokenizer.eos_token_id is not None:

