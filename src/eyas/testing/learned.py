@@ -28,31 +28,63 @@ def corpus_conversations(count: int, seed: int) -> list[list[dict[str, str]]]:
              {"role": "assistant", "content": " ".join(rng.choice(sentences) for _ in range(3))}] for _ in range(count)]
 
 
-def build_learned_pair(root: Path, seed: int = 0) -> dict[str, Path]:
+def build_learned_pair(root: Path, seed: int = 0, attention_heads: int = 4) -> dict[str, Path]:
     """Build under `root` and return `target` (LM-trained tiny chatml target), `store` (its features of
     400 conversations) and `run` (a draft trained 60 steps with 3 TTT steps, 10% held out; `run/final`).
 
     Everything runs in float32 whatever the CPU (`dtype: auto` would pick bfloat16 autocast on an
     AVX-512-BF16 one). `seed` draws the conversations and seeds the target's and the draft's training:
     other seeds give the spread of quality that the tests' thresholds allow for (bench/learned_spread.py).
+    `attention_heads` 2 gives head_dim 32, which vLLM's CPU attention serves (the real-engine tests).
     """
+    conversations = corpus_conversations(400, seed=seed)
+    target = _trained_target(root, conversations, seed, attention_heads)
+    data = root / "conversations.jsonl"
+    data.write_text("".join(json.dumps({"messages": c}) + "\n" for c in conversations), encoding="utf-8")
+    return {"target": target, **_draft_of(root, target, data, seed)}
+
+
+def build_on_policy_pair(root: Path, seed: int = 0, answer_tokens: int = 48) -> dict[str, Path]:
+    """Build the learned pair as EAGLE-3 trains for real: the draft learns the target's own greedy answers
+    (`eyas regenerate`) to 400 corpus prompts. Returns `target` (head_dim 32: vLLM's CPU attention serves
+    it), `answers` (conversations.jsonl), `store`, `run`, and `prompts`: 30 prompts of the same kind for
+    evaluation. Greedy decoding of such prompts then meets the draft on the text it was trained on, so
+    training's implied tau estimates the tau of serving."""
+    from eyas.config import RegenerateConfig
+    from eyas.data.regenerate import run_regenerate
+
+    target = _trained_target(root, corpus_conversations(400, seed=seed), seed, attention_heads=2)
+    questions = root / "questions.jsonl"
+    questions.write_text("".join(json.dumps({"messages": [c[0]]}) + "\n" for c in corpus_conversations(400, seed=seed + 1)),
+                         encoding="utf-8")
+    run_regenerate(RegenerateConfig(target=target, prompts=questions, out=root / "answers", max_new_tokens=answer_tokens,
+                                    temperature=0.0, dtype="float32", device="cpu"))
+    prompts = root / "eval-prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"messages": [c[0]]}) + "\n" for c in corpus_conversations(30, seed=123)),
+                       encoding="utf-8")
+    answers = root / "answers" / "conversations.jsonl"
+    return {"target": target, "answers": answers, "prompts": prompts, **_draft_of(root, target, answers, seed)}
+
+
+def _trained_target(root: Path, conversations: list[list[dict[str, str]]], seed: int, attention_heads: int) -> Path:
+    return train_tiny_target(build_tiny_target(root / "target", "chatml", with_weights=True, seed=seed,
+                                               attention_heads=attention_heads), conversations, steps=150, seed=seed)
+
+
+def _draft_of(root: Path, target: Path, data: Path, seed: int) -> dict[str, Path]:
+    """Prepare `data`, extract its features and train a draft on them, all in float32; return `store` and `run`."""
     from eyas.config import ExtractConfig, PrepareConfig, TrainConfig
     from eyas.data.prepare import run_prepare
     from eyas.features.extract import run_extract
     from eyas.train.loop import run_train
 
-    conversations = corpus_conversations(400, seed=seed)
-    target = train_tiny_target(build_tiny_target(root / "target", "chatml", with_weights=True, seed=seed),
-                               conversations, steps=150, seed=seed)
-    data = root / "conversations.jsonl"
-    data.write_text("".join(json.dumps({"messages": c}) + "\n" for c in conversations), encoding="utf-8")
     run_prepare(PrepareConfig(target=target, data=[data], out=root / "dataset", draft_vocab_size=256))
     run_extract(ExtractConfig(target=target, data=root / "dataset", out=root / "store", dtype="float32",
                               storage_dtype="fp32", device="cpu"))
     run_train(TrainConfig(features=root / "store", out=root / "run", max_steps=60, lr=3e-3, ttt_steps=TTT_STEPS,
                           token_budget=2048, device="cpu", eval_fraction=EVAL_FRACTION, row_tokens=512, eval_every=30,
                           seed=seed, dtype="float32", target_dtype="float32"))
-    return {"target": target, "store": root / "store", "run": root / "run"}
+    return {"store": root / "store", "run": root / "run"}
 
 
 def greedy_rounds(target: Path, draft_dir: Path, shape: tuple[int, int, int, bool],

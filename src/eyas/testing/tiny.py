@@ -97,8 +97,11 @@ ARCHITECTURES: dict[str, dict[str, object]] = {
 
 def build_tiny_target(out: Path, style: Style = "chatml", vocab_size: int = 512, with_template: bool = True,
                       architecture: str | None = None, with_weights: bool = False, num_layers: int = 8,
-                      seed: int = 0) -> Path:
+                      seed: int = 0, attention_heads: int = 4) -> Path:
     """Write a tiny model directory (tokenizer files + config.json, and random weights when asked) to `out`.
+
+    Hidden size 64 over `attention_heads` heads (half as many KV heads): 4 gives head_dim 16; vLLM's CPU
+    attention needs at least 32, so the real-engine tests build 2.
 
     The BPE is trained on a small built-in corpus with byte-level pre-tokenization, so any text
     tokenizes. `config.json` declares a vocabulary padded to a multiple of 64, as real models do.
@@ -126,7 +129,8 @@ def build_tiny_target(out: Path, style: Style = "chatml", vocab_size: int = 512,
     model_type = architecture or model_type
     sizes: dict[str, object] = {
         "vocab_size": padded_vocab, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": num_layers,
-        "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 2048,
+        "num_attention_heads": attention_heads, "num_key_value_heads": max(1, attention_heads // 2),
+        "max_position_embeddings": 2048,
         "tie_word_embeddings": False, "pad_token_id": tokenizer.pad_token_id, "eos_token_id": tokenizer.eos_token_id,
         "bos_token_id": tokenizer.bos_token_id,
     }
