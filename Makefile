@@ -76,9 +76,12 @@ test-transformers4:
 # The whole job on the embedded SmolLM2 target: prompts -> regenerate -> prepare -> extract -> train
 # -> eval -> export (docs/demo.md). SIZE=small (default) fits in 30 minutes on a 2-core CPU; SIZE=full
 # gives the benchmark figures (docs/benchmarks.md, about 2 hours, resumable); SIZE=smoke is a wiring check.
+# Where `make setup-vllm` has built the vLLM venv, the demo runs there: regenerate through vLLM and vLLM's
+# served figures beside eyas's (under runs/demo-vllm; demo.vllm in the YAML, docs/demo.md).
 SIZE ?= small
 demo: setup
-	$(BIN)/python -m eyas.demo examples/demo/$(SIZE).yaml
+	@python=$(BIN)/python; [ -f $(VLLM_VENV)/.eyas-installed ] && python=$(VLLM_VENV)/bin/python; \
+	echo "make demo: $$python -m eyas.demo examples/demo/$(SIZE).yaml"; $$python -m eyas.demo examples/demo/$(SIZE).yaml
 
 clean:
-	rm -rf runs/demo runs/demo-smoke runs/demo-full .pytest_cache
+	rm -rf runs/demo runs/demo-smoke runs/demo-full runs/demo-vllm runs/demo-smoke-vllm runs/demo-full-vllm .pytest_cache

@@ -55,6 +55,9 @@ class DemoConfig(StageConfig):
     seed: int = Field(0, description="draw of the training prompts", json_schema_extra=DECIDES)
     tree: str | None = Field(None, description="also evaluate this EAGLE-2 tree DEPTH,TOPK,TOTAL (the eval section's "
                                                "prompts and sampling) into report/tree/")
+    vllm: Literal["auto", "on", "off"] = Field(
+        "auto", description="auto: where this Python has vLLM (make setup-vllm), regenerate through it and serve the "
+                            "draft in it beside eyas's decoder, under OUT-vllm; on: the same, refused without vLLM; off: neither")
 
 
 class PrepareConfig(StageConfig):

@@ -5,7 +5,10 @@ Every stage reuses what a previous run finished (each has its own run key and re
 `make demo` re-prints the report in seconds. The report (report.json, acceptance.png; the tree
 evaluation's in tree/ when the demo asks for one), the training curves (training/*.png) and the
 vLLM export of the draft are gathered in `OUT/report/`, with `stages.json` (this run's seconds per
-stage, the CPU capability and torch threads).
+stage, the CPU capability and torch threads). Where this Python has vLLM (`make setup-vllm`; `make demo`
+then runs in `.venv-vllm`), the demo regenerates through vLLM and the evaluation also serves the draft
+in vLLM (vLLM's tau, acceptance and speedups, and its ngram proposer's, beside eyas's), all under
+`OUT-vllm/`, so a run without vLLM and one with it never claim each other's directories.
 """
 
 from __future__ import annotations
@@ -14,11 +17,13 @@ import shutil
 import sys
 import time
 from pathlib import Path
+from typing import TypeVar
 
 from eyas.config import (
-    DemoConfig, EvalConfig, ExportConfig, ExtractConfig, PrepareConfig, RegenerateConfig, TrainConfig, load_stage_config,
+    DemoConfig, EvalConfig, ExportConfig, ExtractConfig, PrepareConfig, RegenerateConfig, StageConfig, TrainConfig,
+    load_stage_config,
 )
-from eyas.errors import EyasError
+from eyas.errors import CannotRun, EyasError
 from eyas.files import write_json_atomic
 from eyas.precision import machine_record
 from eyas.stage import Stage
@@ -37,7 +42,9 @@ def run_demo(config_file: Path) -> Path:
     from eyas.train.plot import plot_run
 
     demo = load_stage_config(DemoConfig, "demo", config_file)
-    report = demo.out / "report"
+    engine = _vllm_engine(demo)
+    root = demo.out.with_name(demo.out.name + "-vllm") if engine else demo.out
+    report = root / "report"
     timings: dict[str, float] = {}
 
     def timed(name: str, work):  # noqa: ANN001, ANN202 - a stage call
@@ -47,14 +54,18 @@ def run_demo(config_file: Path) -> Path:
         timings[name] = time.perf_counter() - started
         return result
 
-    eval_config = load_stage_config(EvalConfig, "eval", config_file)  # once: the chain and tree passes share it
+    eval_config = rerooted(load_stage_config(EvalConfig, "eval", config_file), demo.out, root)  # once: chain and tree share it
     tree_config = _tree_evaluation(demo, eval_config)
-    regenerate, prepare, extract, train, export = (load_stage_config(section, name, config_file)
+    regenerate, prepare, extract, train, export = (rerooted(load_stage_config(section, name, config_file), demo.out, root)
                                                    for section, name in _SECTIONS)  # each section once
+    if engine:
+        regenerate = regenerate.model_copy(update={"backend": "vllm"})
+        eval_config = eval_config.model_copy(update={"engine": "vllm"})
     inside = {config.out.name for config in (regenerate, prepare, extract, train, export, eval_config, tree_config)
-              if config is not None and config.out.parent == demo.out}
-    Stage("demo", "an eyas demo", ("prompts", "report"), nested=tuple(sorted(inside))).claim(demo, {})
-    timed("prompts", lambda: write_prompt_files(demo.out / "prompts", demo.train_prompts, demo.seed))
+              if config is not None and config.out.parent == root}
+    Stage("demo", "an eyas demo", ("prompts", "report"), nested=tuple(sorted(inside))).claim(
+        demo.model_copy(update={"out": root}), {})
+    timed("prompts", lambda: write_prompt_files(root / "prompts", demo.train_prompts, demo.seed))
     timed("regenerate", lambda: run_regenerate(regenerate))
     timed("prepare", lambda: run_prepare(prepare))
     timed("extract", lambda: run_extract(extract))
@@ -79,6 +90,38 @@ def run_demo(config_file: Path) -> Path:
     return report
 
 
+def _vllm_engine(demo: DemoConfig) -> bool:
+    """Return True when the demo runs vLLM (regenerate and served evaluation); refuses `vllm: on` without vLLM."""
+    from eyas.backends.vllm.contract import installed_vllm
+
+    if demo.vllm == "off":
+        return False
+    if installed_vllm() is None:
+        if demo.vllm == "on":
+            raise CannotRun("demo.vllm: on, but vLLM is not installed in this Python (make setup-vllm; make demo then "
+                            "runs in .venv-vllm)")
+        return False
+    return True
+
+
+Config = TypeVar("Config", bound=StageConfig)
+
+
+def rerooted(config: Config, old: Path, new: Path) -> Config:
+    """Return `config` with every path field under `old` (a path or a list of paths) moved under `new`."""
+    if old == new:
+        return config
+
+    def moved(value: object) -> object:
+        if isinstance(value, Path) and value.is_relative_to(old):
+            return new / value.relative_to(old)
+        if isinstance(value, list):
+            return [moved(item) for item in value]
+        return value
+
+    return config.model_copy(update={name: moved(getattr(config, name)) for name in type(config).model_fields})
+
+
 _SECTIONS = ((RegenerateConfig, "regenerate"), (PrepareConfig, "prepare"), (ExtractConfig, "extract"),
              (TrainConfig, "train"), (ExportConfig, "export"))
 
@@ -90,7 +133,8 @@ def _tree_evaluation(demo: DemoConfig, eval_config: EvalConfig) -> EvalConfig | 
     if demo.tree is None:
         return None
     tree_config = eval_config.model_copy(update={
-        "chain": None, "tree": demo.tree, "prompt_lookup": 0, "out": eval_config.out.with_name(eval_config.out.name + "-tree")})
+        "chain": None, "tree": demo.tree, "prompt_lookup": 0, "engine": "eyas",
+        "out": eval_config.out.with_name(eval_config.out.name + "-tree")})
     decoding_shape(tree_config)
     return tree_config
 

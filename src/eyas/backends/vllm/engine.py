@@ -4,6 +4,7 @@ token, never fed back)."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -13,16 +14,24 @@ from vllm.inputs import TokensPrompt
 from vllm.outputs import RequestOutput
 
 CPU_KV_CACHE_BYTES = 2 << 30  # a fixed KV cache on a CPU build: its default reserves 92 % of a NUMA node's memory
+CPU_RESERVED = "VLLM_CPU_NUM_OF_RESERVED_CPU"  # vLLM keeps this many cores out of its compute threads
 
 
 def base_arguments(target: Path, dtype: str, device: str, max_model_len: int, trust_remote_code: bool,
                    seed: int = 0) -> dict[str, Any]:
-    """Return the `LLM(...)` keywords every eyas engine takes: the model, dtype, context, seed, and on a CPU build
-    (`device` "cpu") a fixed KV cache size instead of a share of the machine's memory."""
+    """Return the `LLM(...)` keywords every eyas engine takes: the model, dtype, context and seed.
+
+    On a CPU build (`device` "cpu"): a fixed KV cache size instead of a share of the machine's memory,
+    eager execution (inductor's compilation of the model took minutes on 2 cores and did not pay back
+    within a stage: bench/regenerate.py), and, unless the caller set it, no core reserved for vLLM's
+    front end (its default keeps one of two cores out of the compute threads); the variable is set in
+    this process's environment, which the engine processes inherit.
+    """
     arguments: dict[str, Any] = {"model": str(target), "dtype": dtype, "max_model_len": max_model_len,
                                  "trust_remote_code": trust_remote_code, "seed": seed}
     if device == "cpu":
-        arguments["kv_cache_memory_bytes"] = CPU_KV_CACHE_BYTES
+        arguments.update(kv_cache_memory_bytes=CPU_KV_CACHE_BYTES, enforce_eager=True)
+        os.environ.setdefault(CPU_RESERVED, "0")
     return arguments
 
 
