@@ -165,6 +165,7 @@ class _StandInEngine:
     """Plays vLLM for the backend: `hidden_states [T, n, H]` of the requested ids, from transformers hooks."""
 
     calls = 0
+    closed = 0
     fail_after: int | None = None
 
     def __init__(self, target: Path, layer_ids: list[int], spool: Path, dtype: str, tensor_parallel_size: int,
@@ -172,6 +173,9 @@ class _StandInEngine:
         assert spool.is_dir() and spool.name.startswith(".vllm-spool-") and layer_ids == sorted(set(layer_ids))
         self.parts = load_target(target, torch.float32, "cpu")
         self.aux = [k for k in layer_ids if k != self.parts.num_layers]
+
+    def close(self) -> None:
+        type(self).closed += 1
 
     def hidden_states(self, rows: list[np.ndarray]) -> list[tuple[torch.Tensor, torch.Tensor]]:
         type(self).calls += 1
@@ -194,7 +198,7 @@ def stand_in_vllm(monkeypatch: pytest.MonkeyPatch) -> type[_StandInEngine]:
     monkeypatch.setitem(sys.modules, "eyas_stand_in_vllm", module)
     path = VllmPath("stand-in", "0.0.0", None, (), ("0.0.0", "0.0.0"), "eyas_stand_in_vllm:Engine", "test")
     monkeypatch.setattr("eyas.backends.vllm.extractor.usable_path", lambda: (InstalledVllm("vllm", "0.0.0"), path))
-    _StandInEngine.calls, _StandInEngine.fail_after = 0, None
+    _StandInEngine.calls, _StandInEngine.closed, _StandInEngine.fail_after = 0, 0, None
     return _StandInEngine
 
 
@@ -212,8 +216,10 @@ def test_vllm_backend_writes_the_hf_backends_store_and_resumes(weighted_target, 
     with pytest.raises(KeyboardInterrupt):
         run_extract(config, plan)
     assert (tmp_path / "vllm" / "progress-rank0.json").is_file() and not (tmp_path / "vllm" / "manifest.json").exists()
+    assert stand_in_vllm.closed == 1  # the engine is stopped when the stage is interrupted too
     stand_in_vllm.fail_after = None
     manifest, reused = run_extract(config, plan)
+    assert stand_in_vllm.closed == 2
     assert not reused and manifest.backend == "vllm 0.0.0 (stand-in)" and manifest.layer_ids == [2, 5]
     reference = read_store_manifest(tmp_path / "hf")
     assert reference.backend == "hf" and manifest.run_key != reference.run_key

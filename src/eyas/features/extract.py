@@ -141,7 +141,10 @@ def _feature_source(config: ExtractConfig, plan: ExtractPlan, reader: DatasetRea
         with tempfile.TemporaryDirectory(dir=config.out, prefix=".vllm-spool-") as spool:
             engine = VllmFeatures(config.target, plan.aux_ids, plan.num_layers, Path(spool), config.dtype,
                                   config.tensor_parallel_size, int(reader.lengths().max()), config.trust_remote_code)
-            yield (lambda indices: _engine_samples(engine, reader, indices)), engine.describe()
+            try:
+                yield (lambda indices: _engine_samples(engine, reader, indices)), engine.describe()
+            finally:
+                engine.close()
         return
     parts = load_target(config.target, DTYPES[config.dtype], device, config.trust_remote_code)
     with FeatureCapture(parts, plan.aux_ids) as capture:

@@ -110,23 +110,27 @@ def _dry_run(plan: ExtractPlan) -> None:
 
 
 def _vllm_checks(config: ExtractConfig, plan: ExtractPlan) -> None:
-    """Add the vLLM backend's problems: vLLM missing, unsupported or not matching eyas's contract, no GPU,
-    a GGUF target, torchrun, a device choice (vLLM places the target itself)."""
+    """Add the vLLM backend's problems: vLLM missing, unsupported or not matching eyas's contract, a CUDA
+    build without a GPU, a GGUF target, torchrun, a device other than the build's (vLLM places the target
+    itself)."""
     from eyas.distributed import current_ranks
-    from eyas.backends.vllm.contract import vllm_problems
+    from eyas.backends.vllm.contract import installed_vllm, vllm_problems
     from eyas.backends.vllm.extractor import NO_GPU
 
     problems, facts = vllm_problems()
     plan.problems += problems
     plan.facts.update(facts)
-    if not torch.cuda.is_available():
+    installed = installed_vllm()
+    build = "cuda" if installed is None else installed.device
+    if installed is not None and build == "cuda" and not torch.cuda.is_available():
         plan.problems.append(NO_GPU)
     if is_gguf(config.target):
         plan.problems.append(f"{config.target}: --backend vllm takes a Hugging Face model directory, not a GGUF file")
     if current_ranks().world > 1:
         plan.problems.append("--backend vllm: run one process, not torchrun (vLLM shards the target: --tensor-parallel-size)")
-    if config.device not in (None, "cuda"):
-        plan.problems.append(f"--device {config.device}: the hf backend's option; vLLM places the target on its GPUs itself")
+    if config.device not in (None, build):
+        plan.problems.append(f"--device {config.device}: the hf backend's option; vLLM places the target itself "
+                             f"(the installed build runs on {build})")
 
 
 def preflight_extract(config: ExtractConfig, checks: bool = True) -> ExtractPlan:

@@ -20,7 +20,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.example_hidden_states_connecto
 from vllm.outputs import RequestOutput
 
 from eyas.errors import EyasError
-from eyas.backends.vllm.engine import engine_arguments, prefill
+from eyas.backends.vllm.engine import engine_arguments, prefill, shutdown
 
 CONNECTOR = "ExampleHiddenStatesConnector"
 
@@ -60,3 +60,7 @@ class ConnectorExtractor:
             cleanup_hidden_states(path, keep_hidden_states=False)
             results.append((tensors["hidden_states"], tensors["token_ids"]))
         return results
+
+    def close(self) -> None:
+        """Stop the engine's processes and free their memory."""
+        shutdown(self.llm)

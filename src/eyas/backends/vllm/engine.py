@@ -52,3 +52,8 @@ def prefill(llm: LLM, rows: list[np.ndarray]) -> list[RequestOutput]:
     request outputs in the order of `rows`."""
     prompts = [TokensPrompt(prompt_token_ids=[int(t) for t in ids]) for ids in rows]
     return llm.generate(prompts, SamplingParams(max_tokens=1, temperature=0.0), use_tqdm=False)
+
+
+def shutdown(llm: LLM) -> None:
+    """Stop `llm`'s engine processes and free their memory (vLLM's `LLM` has no public close)."""
+    llm.llm_engine.engine_core.shutdown()

@@ -49,6 +49,10 @@ class VllmFeatures:
         self.requested = vllm_layer_ids(aux_ids, num_layers)
         self.engine = engine_class(self.path)(target, self.requested, spool, dtype, tensor_parallel_size, longest, trust_remote_code)
 
+    def close(self) -> None:
+        """Stop the engine (its processes and memory)."""
+        self.engine.close()
+
     def describe(self) -> str:
         return f"{self.installed.describe()} ({self.path.name})"
 

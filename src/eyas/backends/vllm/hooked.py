@@ -17,7 +17,7 @@ from safetensors.torch import load_file
 from vllm import LLM
 
 from eyas.errors import EyasError
-from eyas.backends.vllm.engine import engine_arguments, prefill
+from eyas.backends.vllm.engine import engine_arguments, prefill, shutdown
 
 
 class HookedExtractor:
@@ -30,8 +30,8 @@ class HookedExtractor:
                  longest: int, trust_remote_code: bool) -> None:
         spool.mkdir(parents=True, exist_ok=True)
         self.spool, self.forwards = spool, 0
-        self.llm = LLM(**engine_arguments(target, dtype, tensor_parallel_size, longest, trust_remote_code, self.device),
-                       enforce_eager=True, max_num_seqs=1, worker_extension_cls=self.extension)
+        self.llm = LLM(**{**engine_arguments(target, dtype, tensor_parallel_size, longest, trust_remote_code, self.device),
+                          "enforce_eager": True, "max_num_seqs": 1, "worker_extension_cls": self.extension})
         self.llm.collective_rpc("eyas_capture_start", kwargs={"layer_ids": layer_ids})  # after vLLM's warm-up runs
 
     def hidden_states(self, rows: list[np.ndarray]) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -50,6 +50,10 @@ class HookedExtractor:
             Path(path).unlink()
             results.append((tensors["hidden_states"], tensors["token_ids"]))
         return results
+
+    def close(self) -> None:
+        """Stop the engine's processes and free their memory."""
+        shutdown(self.llm)
 
 
 class CpuHookedExtractor(HookedExtractor):

@@ -14,7 +14,7 @@ from vllm import LLM, SamplingParams
 from vllm.inputs import TokensPrompt
 from vllm.v1.metrics.reader import Counter, Vector
 
-from eyas.backends.vllm.engine import base_arguments
+from eyas.backends.vllm.engine import base_arguments, shutdown
 from eyas.backends.vllm.metrics import Snapshot
 
 
@@ -74,7 +74,7 @@ class VllmEngine:
 
     def close(self) -> None:
         """Stop the engine's processes and free its memory."""
-        self.llm.llm_engine.engine_core.shutdown()
+        shutdown(self.llm)
 
     def __enter__(self) -> VllmEngine:
         return self
