@@ -31,7 +31,6 @@ import os
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # the target is local; never reach the network
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")  # vLLM logs to stdout by default: keep it JSON
 
 import argparse
 import json
