@@ -40,6 +40,23 @@ def test_the_head_is_read_by_name_alone(weighted_target, capsys: pytest.CaptureF
     assert "eyas:" not in capsys.readouterr().err
 
 
+def test_a_tied_head_is_the_embedding_read_by_its_own_name(weighted_target, tmp_path: Path,
+                                                           capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+
+    target = tmp_path / "tied"  # as save_pretrained writes a tied model (and the embedded SmolLM2): no lm_head.weight
+    shutil.copytree(weighted_target("llama"), target)
+    tensors = load_file(str(target / "model.safetensors"))
+    del tensors["lm_head.weight"]
+    save_file(tensors, str(target / "model.safetensors"))
+    config = json.loads((target / "config.json").read_text())
+    (target / "config.json").write_text(json.dumps({**config, "tie_word_embeddings": True}))
+    head = load_target_head(target, torch.float32, "cpu")
+    assert torch.equal(head.embed, tensors["model.embed_tokens.weight"]) and torch.equal(head.lm_head, head.embed)
+    assert torch.equal(head.final_norm.weight, tensors["model.norm.weight"])
+    assert "eyas:" not in capsys.readouterr().err
+
+
 def test_head_tensors_under_other_names_are_refused_not_loaded_whole(weighted_target, tmp_path: Path,
                                                                      capsys: pytest.CaptureFixture[str]) -> None:
     target = tmp_path / "renamed"

@@ -56,9 +56,11 @@ def _tensor_files(target: Path) -> dict[str, Path]:
 
 
 def _names_of(model: nn.Module, modules: list[nn.Module]) -> list[dict[str, str]]:
-    """Return, per module, its parameter names relative to the module -> full names in `model`."""
-    full = {id(p): name for name, p in model.named_parameters(remove_duplicate=False)}
-    return [{local: full[id(p)] for local, p in module.named_parameters()} for module in modules]
+    """Return, per module, its parameter names relative to the module -> full names in `model`, by the
+    module's own path (a tied LM head is `lm_head.weight`, not the embedding's name it shares a tensor with)."""
+    paths = {id(m): name for name, m in model.named_modules(remove_duplicate=False)}
+    return [{local: f"{paths[id(module)]}.{local}".lstrip(".") for local, _ in module.named_parameters()}
+            for module in modules]
 
 
 def _load_whole(target: Path, dtype: torch.dtype, device: str, trust_remote_code: bool, why: str) -> TargetHead:

@@ -21,7 +21,6 @@ from eyas.backends.vllm.metrics import Snapshot
 @dataclass(frozen=True)
 class Completion:
     token_ids: list[int]  # the new tokens, the stop token included when generation stopped on one
-    stopped: bool  # True: ended on a stop token; False: reached max_new_tokens
 
 
 def eagle3_method(draft: Path, tokens: int) -> dict[str, object]:
@@ -47,13 +46,9 @@ class VllmEngine:
         """Return the completion of each token-id row, in the order of `rows` (`seeds[i]` seeds row i's sampling;
         temperature 0 is greedy). vLLM batches the rows continuously."""
         params = [SamplingParams(max_tokens=max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
-                                 seed=seed, stop_token_ids=sorted(stop_ids), ignore_eos=False) for seed in seeds]
+                                 seed=seed, stop_token_ids=sorted(stop_ids)) for seed in seeds]
         outputs = self.llm.generate([TokensPrompt(prompt_token_ids=list(row)) for row in rows], params, use_tqdm=False)
-        completions = []
-        for output in outputs:
-            tokens = list(output.outputs[0].token_ids)
-            completions.append(Completion(tokens, bool(tokens) and tokens[-1] in stop_ids))
-        return completions
+        return [Completion(list(output.outputs[0].token_ids)) for output in outputs]
 
     def timed(self, rows: list[list[int]], max_new_tokens: int, temperature: float, top_p: float, top_k: int,
               stop_ids: set[int], seeds: list[int]) -> tuple[list[Completion], float]:
