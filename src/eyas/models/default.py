@@ -36,7 +36,10 @@ def default_target() -> Path:
     """Return the embedded target as a Hugging Face directory (`$EYAS_CACHE/targets/...`), materialised
     from the GGUF on first use (about 20 s, 540 MB); refuses when the package is not installed."""
     gguf = default_gguf()
-    directory = eyas_cache() / "targets" / f"{NAME}-{weight_sample(gguf).split(':')[1][:12]}-v{LAYOUT}"
+    import transformers
+
+    line = transformers.__version__.split(".")[0]  # 4.57 and 5.x write different bytes (CI): one directory per line
+    directory = eyas_cache() / "targets" / f"{NAME}-{weight_sample(gguf).split(':')[1][:12]}-v{LAYOUT}-t{line}"
     from eyas.models.materialise import READY, materialise_gguf
 
     if not (directory / READY).is_file():

@@ -3,7 +3,8 @@
 eyas writes the files itself rather than calling `save_pretrained`: transformers 5 refuses to save
 a GGUF-loaded model, and what each transformers line would save differs (4.57 cannot read the
 `TokenizersBackend` class 5.x names; 5.x's config spells rope as `rope_parameters`, which 4.57
-ignores, silently falling back to its default base). The directory holds:
+ignores, silently falling back to its default base). The bytes still differ between the two lines
+(CI found it), so the cache keeps one directory per transformers major line. The directory holds:
 
 - `model.safetensors`: the dequantized float32 tensors under the Hugging Face Llama names; the LM
   head is tied to the embedding (as in the GGUF) and not stored;
