@@ -58,7 +58,7 @@ def test_the_demo_with_vllm_on_refuses_without_it_and_reroots_with_it(tmp_path: 
     from eyas.demo.run import _vllm_engine, rerooted
     from eyas.errors import CannotRun
 
-    with pytest.raises(CannotRun, match="demo.vllm: on, but vLLM is not installed"):
+    with pytest.raises(CannotRun, match="demo.vllm: on: vLLM is not installed in this Python"):
         _vllm_engine(DemoConfig(out=tmp_path, vllm="on"))
     assert not _vllm_engine(DemoConfig(out=tmp_path)) and not _vllm_engine(DemoConfig(out=tmp_path, vllm="off"))
     config = PrepareConfig(target=Path("/models/t"), data=[Path("runs/demo/regenerated/c.jsonl"), Path("other.jsonl")],

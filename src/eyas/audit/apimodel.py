@@ -98,7 +98,15 @@ class Module:
     lazy_getattr: bool = False
 
 
-Member = Union[Function, Klass, Attribute, Alias, Module]
+@dataclass(frozen=True)
+class Opaque:
+    """A member of a value the model does not type (`module.__version__.split`, a class attribute's
+    members): it may exist, so it is unknown, never missing."""
+
+    name: str
+
+
+Member = Union[Function, Klass, Attribute, Alias, Module, Opaque]
 
 
 def _dotted(node: ast.AST) -> str | None:
@@ -377,6 +385,8 @@ class ApiModel:
         """Return member `name` of a module or class (through its MRO), following aliases; None when absent."""
         if isinstance(owner, Alias):
             owner = self.lookup(owner.target, seen)  # type: ignore[assignment]
+        if isinstance(owner, (Attribute, Opaque)) or (isinstance(owner, Function) and name.startswith("__")):
+            return Opaque(name)
         if isinstance(owner, Module):
             member = owner.members.get(name)
             if isinstance(member, Alias):
@@ -465,7 +475,7 @@ class ApiModel:
         """Return the class of the objects `qualname` gives when called: the class itself, or the class a
         function's (or method's) return annotation names."""
         found = self.lookup(qualname)
-        if found is None and "." in qualname:  # a method of an instance: `make().clone`
+        if (found is None or isinstance(found, Opaque)) and "." in qualname:  # a method of an instance: `make().clone`
             owner, _, name = qualname.rpartition(".")
             owner_class = self.instance_class(owner)
             found = self.member_of(owner_class, name) if owner_class is not None else None

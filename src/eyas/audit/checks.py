@@ -83,8 +83,18 @@ class Checker:
         module = model.lookup(parent)
         return isinstance(module, Module) and module.lazy_getattr
 
+    def _first_missing(self, qualname: str) -> str:
+        """Return the shortest prefix of `qualname` that the target lacks (`a.b` when `a.b.c` is missing
+        because `a.b` is): the chain is reported once, by the name that is gone."""
+        parts = qualname.split(".")
+        for cut in range(2, len(parts)):
+            if self.target.lookup(".".join(parts[:cut])) is None:
+                return ".".join(parts[:cut])
+        return qualname
+
     def _missing(self, usage: Usage, qualname: str, kind: str) -> None:
         """Report `qualname` missing in the target, once per line for a chain (`a.b` missing hides `a.b.c`)."""
+        qualname = self._first_missing(qualname) if kind != "unresolved-import" else qualname
         if any(_within(qualname, done) for (path, line, done) in self._failed if (path, line) == (usage.path, usage.line)):
             return
         in_baseline = self.baseline.lookup(qualname) if self.baseline else None

@@ -22,7 +22,7 @@ import torch
 
 from eyas.config import RegenerateConfig
 from eyas.data.chat_tokens import ChatEncoder
-from eyas.backends.vllm.contract import installed_vllm
+from eyas.backends.vllm.contract import installed_vllm, not_installed
 from eyas.data.prompts import CHAT_KINDS, eos_ids, generate_kwargs, read_prompt_files, target_eos_ids
 from eyas.data.records import Prompt
 from eyas.errors import CannotRun, EyasError
@@ -156,8 +156,7 @@ def _finished(conversations: JsonLines, batches: list[list[Prompt]]) -> int:
 def run_regenerate(config: RegenerateConfig) -> RegenerateResult:
     """Answer every prompt with the target (or finish a killed run); return what was written."""
     if config.backend == "vllm" and installed_vllm() is None:
-        raise CannotRun("--backend vllm: vLLM is not installed in this Python (make setup-vllm, then run "
-                        ".venv-vllm/bin/eyas regenerate ...)")
+        raise CannotRun(not_installed("--backend vllm", "run .venv-vllm/bin/eyas regenerate ..."))
     precision = choose_dtype(config.dtype, config.device)
     config = config.model_copy(update={"dtype": precision.dtype})
     tokenizer = load_tokenizer(config.target, config.trust_remote_code)

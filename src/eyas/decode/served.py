@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, Field
 
-from eyas.backends.vllm.contract import installed_vllm
+from eyas.backends.vllm.contract import installed_vllm, not_installed
 from eyas.backends.vllm.metrics import SpecCounters
 from eyas.config import EvalConfig, ExportConfig
 from eyas.errors import CannotRun, EyasError
@@ -62,8 +62,7 @@ def serving_problems(config: EvalConfig) -> list[str]:
     """Return why `config` cannot be served by vLLM here (no vLLM, not a chain); empty when it can."""
     problems = []
     if installed_vllm() is None:
-        problems.append("--engine vllm: vLLM is not installed in this Python (make setup-vllm, then run "
-                        ".venv-vllm/bin/eyas eval ...)")
+        problems.append(not_installed("--engine vllm", "run .venv-vllm/bin/eyas eval ..."))
     if config.chain is None:
         problems.append("--engine vllm: vLLM serves an EAGLE-3 chain; give --chain K (not a tree)")
     return problems

