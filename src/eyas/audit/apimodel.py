@@ -13,11 +13,14 @@ and NamedTuples synthesize from their fields.
 from __future__ import annotations
 
 import ast
+import enum
+import inspect
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Union
 
+from eyas.audit.signature import PARAMETER_KINDS as _PARAMETER_KINDS
 from eyas.audit.signature import Param, Signature, signature_of
 
 if TYPE_CHECKING:
@@ -38,6 +41,9 @@ class Attribute:
     default: str | None = None  # source text of the assigned value
     has_value: bool = False
     instance: bool = False  # set on self in a method
+    specifier: str | None = None  # the qualified callee when the value is a call (`field(...)`, `Field(...)`)
+    specified_default: str | None = None  # the default that call gives if it is a field specifier
+    alias: str | None = None  # its `alias=` keyword
 
 
 @dataclass
@@ -50,6 +56,16 @@ class Function:
     decorators: list[str]
     docstring: str | None = None
     returns_class: str | None = None  # the qualified name the return annotation names (Optional/quotes removed)
+    transform: str | None = None  # its `@dataclass_transform(...)` decorator as written (PEP 681)
+    forwards_blindly: bool = False  # a decorator returning a `(*args, **kwargs)` wrapper without functools.wraps
+    forwards: bool = False  # its body passes its own `*args` and `**kwargs` on to a call
+    sets_members: list[str] = field(default_factory=list)  # names it sets on a parameter (`cls.x = ...`); "*": setattr
+
+    @property
+    def forwarder(self) -> bool:
+        """True for `(self, *args, **kwargs)` that hands them to another callable: it binds as that one
+        does. One that does not forward (raises, ignores them) takes anything."""
+        return self.signature.passes_through and self.forwards
 
     @property
     def is_property(self) -> bool:
@@ -80,6 +96,7 @@ class Klass:
     forbids_extra: bool = False
     docstring: str | None = None
     decorator_sources: list[str] = field(default_factory=list)  # as written, arguments included
+    metaclass: str | None = None  # the `metaclass=` keyword, qualified
 
 
 @dataclass
@@ -95,7 +112,8 @@ class Module:
     members: dict[str, Union[Function, Klass, Attribute, Alias]] = field(default_factory=dict)
     all: list[str] | None = None
     star_imports: list[str] = field(default_factory=list)
-    lazy_getattr: bool = False
+    lazy_getattr: bool = False  # a module `__getattr__`: may serve names its source never spells
+    lazy_module: bool = False  # `sys.modules[__name__] = _LazyModule(...)`: serves the names its import structure lists
 
 
 @dataclass(frozen=True)
@@ -150,22 +168,93 @@ def _annotated_type(annotation: ast.expr | None) -> ast.expr | None:
     return annotation if isinstance(annotation, (ast.Name, ast.Attribute)) else None
 
 
+def _specified_default(call: ast.Call) -> str | None:
+    """Return the default a field specifier call gives (`field(default=...)`, `attrs.field(factory=...)`,
+    `pydantic.Field(0)`): its default argument, `<factory>` for a factory, None when it has neither."""
+    keywords = {k.arg: k.value for k in call.keywords if k.arg}
+    if "default" in keywords:
+        return ast.unparse(keywords["default"])
+    if "default_factory" in keywords or "factory" in keywords:
+        return "<factory>"
+    if call.args and not (isinstance(call.args[0], ast.Constant) and call.args[0].value is Ellipsis):
+        return ast.unparse(call.args[0])
+    return None
+
+
 def _field_default(value: ast.expr | None) -> str | None:
-    """Return the default of a class-level field as source text (None: required). A field specifier
-    (`field(default=...)`, `attrs.field(factory=...)`, `pydantic.Field(0)`) gives its default argument,
-    `<factory>` for a factory, or None when it has neither (or `Field(...)`)."""
+    """Return the default of a class-level field as source text (None: required); a call of a standard
+    field specifier gives its specified default."""
     if value is None:
         return None
     if isinstance(value, ast.Call) and (_dotted(value.func) or "").split(".")[-1] in _FIELD_SPECIFIERS:
-        keywords = {k.arg: k.value for k in value.keywords if k.arg}
-        if "default" in keywords:
-            return ast.unparse(keywords["default"])
-        if "default_factory" in keywords or "factory" in keywords:
-            return "<factory>"
-        if value.args and not (isinstance(value.args[0], ast.Constant) and value.args[0].value is Ellipsis):
-            return ast.unparse(value.args[0])  # pydantic.Field(default)
-        return None
+        return _specified_default(value)
     return ast.unparse(value)
+
+
+def transform_specifiers(transform: str | None) -> set[str]:
+    """Return the last names of the field specifiers a `dataclass_transform(...)` source declares."""
+    if transform is None:
+        return set()
+    call = ast.parse(transform, mode="eval").body
+    for keyword in call.keywords if isinstance(call, ast.Call) else []:
+        if keyword.arg == "field_specifiers" and isinstance(keyword.value, (ast.Tuple, ast.List)):
+            return {(_dotted(e) or "").split(".")[-1] for e in keyword.value.elts}
+    return set()
+
+
+_PLAIN_METACLASSES = {"type", "abc.ABCMeta", "ABCMeta"}
+_ANY_ARGUMENTS = Signature([Param("args", "varpos", None), Param("kwargs", "varkw", None)])
+_ENUM_CALL = Signature([Param(p.name, _PARAMETER_KINDS[p.kind], None if p.default is p.empty else repr(p.default))
+                        for p in list(inspect.signature(enum.EnumMeta.__call__).parameters.values())[1:]])
+
+
+def _transform_source(klass: Klass) -> str | None:
+    """Return the `dataclass_transform(...)` decorating `klass` itself, as written, or None."""
+    return next((s for s in klass.decorator_sources if "dataclass_transform" in s.split("(")[0]), None)
+
+
+def _forwards_blindly(node: ast.FunctionDef | ast.AsyncFunctionDef) -> bool:
+    """Return True when `node` (as a decorator) returns a nested `(*args, **kwargs)` wrapper and never
+    copies the wrapped signature (`functools.wraps`, `update_wrapper`): Python's signature of what it
+    decorates is then `(*args, **kwargs)`."""
+    inner = [n for n in ast.walk(node) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n is not node]
+    if not any(signature_of(n.args).passes_through_all for n in inner):
+        return False
+    text = ast.unparse(node)
+    return "wraps" not in text and "update_wrapper" not in text and "__signature__" not in text
+
+
+def _sets_members(node: ast.FunctionDef | ast.AsyncFunctionDef) -> list[str]:
+    """Return the attribute names the function (or a function inside it) assigns on one of its parameters
+    (`cls.validate = validate`); "*" for a `setattr` on a parameter with a computed name."""
+    names: set[str] = set()
+    for function in [n for n in ast.walk(node) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]:
+        params = {a.arg for a in [*function.args.posonlyargs, *function.args.args, *function.args.kwonlyargs]}
+        for item in ast.walk(function):
+            targets = item.targets if isinstance(item, ast.Assign) else [item.target] if isinstance(item, ast.AnnAssign) else []
+            names.update(t.attr for t in targets if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name)
+                         and t.value.id in params)
+            if (isinstance(item, ast.Call) and isinstance(item.func, ast.Name) and item.func.id == "setattr"
+                    and item.args and isinstance(item.args[0], ast.Name) and item.args[0].id in params):
+                second = item.args[1] if len(item.args) > 1 else None
+                names.add(second.value if isinstance(second, ast.Constant) and isinstance(second.value, str) else "*")
+    return sorted(names)
+
+
+def _forwards(node: ast.FunctionDef | ast.AsyncFunctionDef) -> bool:
+    """Return True when the body hands its own `*args` and `**kwargs` to the same method of a base class
+    (`super().name(*args, **kwargs)`, `Base.name(self, *args, **kwargs)`)."""
+    star, double = node.args.vararg, node.args.kwarg
+    if star is None or double is None:
+        return False
+    for call in ast.walk(node):
+        if (isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute) and call.func.attr == node.name
+                and (isinstance(call.func.value, ast.Call) and ast.unparse(call.func.value.func) == "super"
+                     or isinstance(call.func.value, (ast.Name, ast.Attribute)))
+                and any(isinstance(a, ast.Starred) and ast.unparse(a.value) == star.arg for a in call.args)
+                and any(k.arg is None and ast.unparse(k.value) == double.arg for k in call.keywords)):
+            return ast.unparse(call.func.value) != "self"
+    return False
 
 
 class _ModuleReader:
@@ -180,9 +269,12 @@ class _ModuleReader:
         if dotted is None:
             return None
         head, _, rest = dotted.partition(".")
+        member = self.module.members.get(head)
         if head in self.imports:
             base = self.imports[head]
-        elif head in self.module.members and not isinstance(self.module.members[head], Alias):
+        elif isinstance(member, Alias):  # `_Meta = _construction.ModelMetaclass`, a re-binding of an import
+            base = member.target
+        elif member is not None:
             base = f"{self.module.name}.{head}"
         else:
             base = head
@@ -197,11 +289,9 @@ class _ModuleReader:
             if isinstance(node, (ast.Import, ast.ImportFrom)):
                 self._import(node)
             elif isinstance(node, ast.If):
-                test = ast.unparse(node.test)
-                checking = "TYPE_CHECKING" in test
+                checking = "TYPE_CHECKING" in ast.unparse(node.test)
                 self._body(node.body, type_checking or checking)
-                if not checking:
-                    self._body(node.orelse, type_checking)
+                self._body(node.orelse, type_checking)  # read last: under `if TYPE_CHECKING:` the else is what runs
             elif isinstance(node, ast.Try):
                 self._body(node.body, type_checking)
                 for handler in node.handlers:
@@ -214,6 +304,9 @@ class _ModuleReader:
             elif isinstance(node, ast.ClassDef):
                 self.module.members[node.name] = self._class(node)
             elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+                if isinstance(node, ast.Assign) and any(isinstance(t, ast.Subscript) and ast.unparse(t.value) == "sys.modules"
+                                                        for t in node.targets):
+                    self.module.lazy_module = True
                 self._assign(node)
 
     def _import(self, node: ast.Import | ast.ImportFrom) -> None:
@@ -260,9 +353,12 @@ class _ModuleReader:
 
     def _function(self, node: ast.FunctionDef | ast.AsyncFunctionDef, qualname: str) -> Function:
         decorators = [self.qualify(_dotted(d)) or ast.unparse(d) for d in node.decorator_list]
+        transform = next((ast.unparse(d) for d, q in zip(node.decorator_list, decorators) if q.endswith("dataclass_transform")),
+                         None)
         return Function(node.name, qualname, node.lineno, signature_of(node.args),
                         ast.unparse(node.returns) if node.returns else None, decorators, ast.get_docstring(node),
-                        self.qualify(_dotted(_annotated_type(node.returns))) if node.returns else None)
+                        self.qualify(_dotted(_annotated_type(node.returns))) if node.returns else None, transform,
+                        _forwards_blindly(node), _forwards(node), _sets_members(node))
 
     def _class(self, node: ast.ClassDef) -> Klass:
         qualname = f"{self.module.name}.{node.name}"
@@ -275,9 +371,12 @@ class _ModuleReader:
                 klass.forbids_extra = True
             if keyword.arg == "kw_only" and ast.unparse(keyword.value) == "True":
                 klass.decorator_sources.append("kw_only=True")
+            if keyword.arg == "metaclass":
+                klass.metaclass = self.qualify(_dotted(keyword.value))
         for item in node.body:
             if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 function = self._function(item, f"{qualname}.{item.name}")
+                function.decorators = [f"{qualname}.{d}" if d in klass.methods else d for d in function.decorators]
                 if item.name in klass.methods and function.decorators and function.decorators[-1].endswith(".setter"):
                     continue  # the getter stays the member
                 klass.methods[item.name] = function
@@ -286,15 +385,24 @@ class _ModuleReader:
                 name = item.target.id
                 annotation = ast.unparse(item.annotation)
                 default = _field_default(item.value)
-                klass.attributes[name] = Attribute(name, item.lineno, annotation, default, default is not None)
+                attribute = Attribute(name, item.lineno, annotation, default, default is not None)
+                klass.attributes[name] = attribute
                 if "ClassVar" not in annotation:
                     klass.field_order.append(name)
                 if isinstance(item.value, ast.Call):
+                    attribute.specifier = self.qualify(_dotted(item.value.func))
+                    attribute.specified_default = _specified_default(item.value)
                     for keyword in item.value.keywords:
+                        if keyword.arg == "alias" and isinstance(keyword.value, ast.Constant):
+                            attribute.alias = str(keyword.value.value)
                         if keyword.arg == "init" and ast.unparse(keyword.value) == "False":
                             klass.init_false.add(name)
                         if keyword.arg == "kw_only" and ast.unparse(keyword.value) == "True":
                             klass.kw_only_fields.add(name)
+            elif isinstance(item, (ast.Import, ast.ImportFrom)):  # `from .utils import save_metrics` in a class body
+                for alias in item.names:
+                    local = alias.asname or alias.name.split(".")[0]
+                    klass.attributes[local] = Attribute(local, item.lineno, None, None, True)
             elif isinstance(item, ast.Assign):
                 for target in item.targets:
                     if isinstance(target, ast.Name):
@@ -384,13 +492,13 @@ class ApiModel:
     def member_of(self, owner: Member, name: str, seen: frozenset[str] = frozenset()) -> Member | None:
         """Return member `name` of a module or class (through its MRO), following aliases; None when absent."""
         if isinstance(owner, Alias):
-            owner = self.lookup(owner.target, seen)  # type: ignore[assignment]
+            owner = self._follow(owner.target, seen)  # type: ignore[assignment]
         if isinstance(owner, (Attribute, Opaque)) or (isinstance(owner, Function) and name.startswith("__")):
             return Opaque(name)
         if isinstance(owner, Module):
             member = owner.members.get(name)
             if isinstance(member, Alias):
-                return self.lookup(member.target, seen)
+                return self._follow(member.target, seen)
             if member is not None:
                 return member
             submodule = self.module(f"{owner.name}.{name}") if owner.is_package else None
@@ -414,8 +522,37 @@ class ApiModel:
                     return klass.methods[name]
                 if name in klass.attributes:
                     return klass.attributes[name]
+            if self._added_by_decorator(owner, name):
+                return Opaque(name)
             return None
         return None
+
+    def _added_by_decorator(self, klass: Klass, name: str) -> bool:
+        """Return True when a class decorator of the package (in the MRO) sets member `name` on the class
+        (`cls.validate = ...`, or a `setattr` whose name it does not spell)."""
+        for current in self.mro(klass):
+            for decorator in current.decorators:
+                found = self.lookup(decorator) if "." in decorator else None
+                if isinstance(found, Function) and (name in found.sets_members or "*" in found.sets_members):
+                    return True
+        return False
+
+    def _follow(self, target: str, seen: frozenset[str]) -> Member | None:
+        """Return what an import or re-binding names; a name from a package outside the model (`uuid.UUID`
+        re-exported) is opaque, not missing."""
+        found = self.lookup(target, seen)
+        if found is None and self.find_file(target.split(".")[0]) is None:
+            return Opaque(target.rsplit(".", 1)[-1])
+        return found
+
+    def call_signature(self, function: Function) -> Signature:
+        """Return the signature a call of `function` binds: `(*args, **kwargs)` when a decorator of the
+        package replaced it by a wrapper that does not copy its signature, else its own."""
+        for decorator in function.decorators:
+            found = self.lookup(decorator) if "." in decorator else None
+            if isinstance(found, Function) and found.forwards_blindly:
+                return _ANY_ARGUMENTS
+        return function.signature
 
     def concrete_member(self, klass: Klass, name: str) -> Member | None:
         """Return member `name` through the MRO, skipping `(*args, **kwargs)` pass-through overrides: a
@@ -426,7 +563,7 @@ class ApiModel:
             if member is None:
                 continue
             first = first or member
-            if not (isinstance(member, Function) and member.signature.passes_through):
+            if not (isinstance(member, Function) and member.forwarder):
                 return member
         return first
 
@@ -466,6 +603,20 @@ class ApiModel:
                     module.members.get(name), (Klass, Function)):
                 return f"{module.name}.{name}"
         return None
+
+    def hidden_by_lazy_module(self, qualname: str) -> bool:
+        """Return True when a missing `qualname` may be served by a module `__getattr__` of its parent."""
+        module = self.lookup(qualname.rpartition(".")[0])
+        return isinstance(module, Module) and module.lazy_getattr
+
+    def lazily_named(self, qualname: str) -> bool:
+        """Return True when a lazy parent module (a module `__getattr__`, or a `_LazyModule` put in
+        `sys.modules`) spells the missing name in its source: its import structure serves it."""
+        module = self.lookup(qualname.rpartition(".")[0])
+        if not (isinstance(module, Module) and (module.lazy_getattr or module.lazy_module)):
+            return False
+        scanned = self._scan(module.name)
+        return scanned is not None and qualname.rpartition(".")[2] in scanned[0]
 
     def resolve_class(self, qualname: str) -> Klass | None:
         found = self.lookup(qualname)
@@ -513,46 +664,133 @@ class ApiModel:
             if "__getattr__" in current.methods:
                 return True
             for base in current.bases:
-                if base not in ("object", "typing.Generic", "Generic") and not base.startswith(("typing.", "abc.")) \
+                if base not in ("object", "type", "typing.Generic", "Generic") and not base.startswith(("typing.", "abc.")) \
                         and self.resolve_class(base) is None and base not in FIELD_BASES and "Protocol" not in base:
                     return True
         return False
 
     def field_kind(self, klass: Klass) -> str | None:
-        """Return how the class synthesizes `__init__` from fields: dataclass, pydantic, msgspec, namedtuple, or None."""
+        """Return how the class synthesizes `__init__` from fields: dataclass, pydantic, msgspec, namedtuple,
+        transform (PEP 681 `dataclass_transform`), or None."""
         for current in self.mro(klass):
-            if any(d.split("(")[0] in DATACLASS_DECORATORS or d.endswith((".dataclass", ".define", ".frozen"))
-                   for d in current.decorators):
+            if any(self._transform_function(d) for d in current.decorators):
+                return "transform"
+            if any(self._synthesizing_decorator(current, d, s) for d, s in zip(current.decorators, current.decorator_sources)):
                 return "dataclass"  # pydantic dataclasses bind as standard dataclasses do
             for base in current.bases:
                 if base in FIELD_BASES or base.endswith(("BaseModel", "msgspec.Struct", "NamedTuple")):
                     return FIELD_BASES.get(base) or ("pydantic" if base.endswith("BaseModel") else
                                                      "msgspec" if base.endswith("Struct") else "namedtuple")
+        return "transform" if self.transform_of(klass) else None
+
+    def _transform_function(self, decorator: str) -> Function | None:
+        found = self.lookup(decorator) if "." in decorator else None
+        return found if isinstance(found, Function) and found.transform else None
+
+    def _synthesizing_decorator(self, klass: Klass, decorator: str, source: str) -> bool:
+        """Return True when `decorator` writes the class's `__init__` from its fields (not with `init=False`)."""
+        if "init=False" in source.replace(" ", ""):
+            return False
+        return (decorator.split("(")[0] in DATACLASS_DECORATORS or decorator.endswith((".dataclass", ".define", ".frozen"))
+                or self._transform_function(decorator) is not None)
+
+    def transform_of(self, klass: Klass) -> str | None:
+        """Return the `dataclass_transform(...)` that makes `klass` dataclass-like, in any of PEP 681's
+        three forms (a decorator function, a base class, a metaclass), or None."""
+        for current in self.mro(klass):
+            for decorator in current.decorators:
+                if (function := self._transform_function(decorator)) is not None:
+                    return function.transform
+            if current is not klass and (source := _transform_source(current)):
+                return source
+            meta = self.resolve_class(current.metaclass) if current.metaclass else None
+            for meta_class in self.mro(meta) if meta else []:
+                if source := _transform_source(meta_class):
+                    return source
         return None
 
-    def constructor(self, klass: Klass) -> Signature | None:
-        """Return the signature a call of `klass` binds against (without self), or None when unknown."""
+    def _synthesis_root(self, klass: Klass) -> bool:
+        """Return True for a class whose own `__init__` its field-synthesizing subclasses never use:
+        pydantic's BaseModel, msgspec's Struct, NamedTuple, a PEP 681 base or metaclass user."""
+        if klass.qualname in FIELD_BASES or _transform_source(klass):
+            return True
+        meta = self.resolve_class(klass.metaclass) if klass.metaclass else None
+        return meta is not None and any(_transform_source(m) for m in self.mro(meta))
+
+    def built_by_machinery(self, klass: Klass) -> bool:
+        """Return True when Python builds instances of `klass` through machinery the model does not follow:
+        a metaclass defining `__call__` (or one outside the model)."""
         for current in self.mro(klass):
-            if "__init__" in current.methods and not self.field_kind(current):
-                return current.methods["__init__"].signature.without_first()
-            if "__new__" in current.methods and not self.field_kind(current):
-                return current.methods["__new__"].signature.without_first()
+            if current.metaclass is None or current.metaclass in _PLAIN_METACLASSES:
+                continue
+            meta = self.resolve_class(current.metaclass)
+            if meta is None or self.is_open(meta) or any("__call__" in m.methods for m in self.mro(meta)):
+                return True
+        return False
+
+    def constructor(self, klass: Klass) -> Signature | None:
+        """Return the signature a call of `klass` binds against (without self), or None when unknown.
+
+        As Python builds it: an `__init__` (or `__new__`) in a class body beats any synthesis from
+        fields (a dataclass keeps its own `__init__`; classic `attr.s` without `auto_detect` replaces it);
+        a field-synthesizing decorator writes the decorated class's `__init__`; a pydantic model, msgspec
+        Struct, NamedTuple or PEP 681 base/metaclass user gets one from all its fields unless a class
+        below the framework's root defines one. Below a protocol, a class without an `__init__` takes anything;
+        an Enum binds as this Python's enum metaclass `__call__`; any other metaclass `__call__` is unknown."""
+        if any(b.split(".")[0] == "enum" or b.endswith(("Enum", "Flag")) and self.resolve_class(b) is None
+               for current in self.mro(klass) for b in current.bases):
+            return _ENUM_CALL  # `Color(value)` is a member lookup by the enum metaclass, whatever the class defines
+        if self.built_by_machinery(klass):
+            return None
+        forwarder: Signature | None = None
+        for current in self.mro(klass):
+            if current is not klass and self._synthesis_root(current):
+                break
+            if any(b.split(".")[-1] == "Protocol" for b in current.bases):
+                return _ANY_ARGUMENTS  # a protocol's init stand-in: refuses a protocol, takes anything otherwise
+            own = current.methods.get("__init__") or current.methods.get("__new__")
+            replaced = any(s.startswith(("attr.s", "attr.attrs", "attrs.attrs")) and "auto_detect=True" not in s
+                           for s in current.decorator_sources)
+            if own is not None and not replaced:
+                signature = self.call_signature(own).without_first()
+                if not own.forwarder:
+                    return signature
+                forwarder = forwarder or signature  # `(self, *args, **kwargs)`: binds as the next one does
+            if any(self._synthesizing_decorator(current, d, s) for d, s in zip(current.decorators, current.decorator_sources)):
+                return self._fields_signature(klass)
+        if self.field_kind(klass) is None:
+            return forwarder if forwarder or self.is_open(klass) else Signature([])
+        return self._fields_signature(klass)
+
+    def _fields_signature(self, klass: Klass) -> Signature:
+        """Return the `__init__` synthesized from the fields of `klass` and its bases (base fields first; a
+        redefined field keeps its place; keyword-only fields last)."""
         kind = self.field_kind(klass)
-        if kind is None:
-            return None if self.is_open(klass) else Signature([])
-        sources = [d for k in self.mro(klass) for d in k.decorator_sources]
-        all_keyword = any("kw_only=True" in d or "kw_only_default=True" in d for d in sources)
+        transform = self.transform_of(klass) if kind == "transform" else None
+        specifiers = {*_FIELD_SPECIFIERS, *transform_specifiers(transform)}
         params: dict[str, Param] = {}
+        aliased = False
         for current in reversed(self.mro(klass)):
+            own = " ".join(current.decorator_sources)
+            class_keyword_only = kind == "pydantic" or "kw_only=True" in own.replace(" ", "") or (
+                "kw_only=False" not in own.replace(" ", "") and transform is not None and "kw_only_default=True" in transform)
+            after_marker = False
             for name in current.field_order:
-                if name in current.init_false or name.startswith("_") and kind == "pydantic":
-                    continue
                 attribute = current.attributes[name]
-                default = attribute.default if attribute.has_value else None
-                keyword_only = kind == "pydantic" or all_keyword or name in current.kw_only_fields
-                params.pop(name, None)
-                params[name] = Param(name, "kwonly" if keyword_only else "pos", default, attribute.annotation)
-        extra = (kind == "pydantic" and not any(k.forbids_extra for k in self.mro(klass))
+                if (attribute.annotation or "").split(".")[-1] == "KW_ONLY":
+                    after_marker = True  # `_: KW_ONLY`: the fields below it are keyword-only
+                    continue
+                if name in current.init_false or name.startswith("_") and kind == "pydantic":
+                    params.pop(name, None)
+                    continue
+                specified = attribute.specifier is not None and attribute.specifier.split(".")[-1] in specifiers
+                default = attribute.specified_default if specified else attribute.default if attribute.has_value else None
+                keyword_only = class_keyword_only or after_marker or name in current.kw_only_fields
+                aliased = aliased or bool(specified and attribute.alias)
+                shown = attribute.alias if specified and attribute.alias and kind == "transform" else name
+                params[name] = Param(shown, "kwonly" if keyword_only else "pos", default, attribute.annotation)
+        sources = [d for k in self.mro(klass) for d in k.decorator_sources]
+        extra = (kind == "pydantic" and (aliased or not any(k.forbids_extra for k in self.mro(klass)))
                  or any("accept_kwargs=True" in d for d in sources))  # huggingface_hub's strict dataclasses
         ordered = [p for p in params.values() if p.kind == "pos"] + [p for p in params.values() if p.kind == "kwonly"]
         if extra:

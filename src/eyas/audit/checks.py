@@ -77,12 +77,6 @@ class Checker:
             target: str | None = None, fix: str | None = None) -> None:
         self.findings.append(Finding(usage.path, usage.line, usage.col, symbol, kind, severity, message, baseline, target, fix))
 
-    def _hidden_by_lazy_module(self, model: ApiModel, qualname: str) -> bool:
-        """Return True when a missing `qualname` may be served by a module `__getattr__` of its parent."""
-        parent = qualname.rsplit(".", 1)[0]
-        module = model.lookup(parent)
-        return isinstance(module, Module) and module.lazy_getattr
-
     def _first_missing(self, qualname: str) -> str:
         """Return the shortest prefix of `qualname` that the target lacks (`a.b` when `a.b.c` is missing
         because `a.b` is): the chain is reported once, by the name that is gone."""
@@ -98,7 +92,7 @@ class Checker:
         if any(_within(qualname, done) for (path, line, done) in self._failed if (path, line) == (usage.path, usage.line)):
             return
         in_baseline = self.baseline.lookup(qualname) if self.baseline else None
-        if self._hidden_by_lazy_module(self.target, qualname) and in_baseline is None:
+        if self.target.lazily_named(qualname) or self.target.hidden_by_lazy_module(qualname) and in_baseline is None:
             return
         self._failed.add((usage.path, usage.line, qualname))
         leaf = qualname.rsplit(".", 1)[-1]
@@ -138,7 +132,8 @@ class Checker:
     def _binding(self, usage: Usage, member: object, name: str, skip_self: bool) -> None:
         if not isinstance(member, Function) or member.is_property:
             return
-        target_signature = member.signature.without_first() if skip_self and not member.is_static else member.signature
+        called = self.target.call_signature(member)
+        target_signature = called.without_first() if skip_self and not member.is_static else called
         if usage.call is None:
             return
         problems = bind_problems(target_signature, usage.call)  # type: ignore[arg-type]

@@ -14,7 +14,7 @@ from eyas.audit.apimodel import Alias, Attribute, Function, Klass, Module
 from eyas.audit.signature import Param, Signature
 from eyas.files import write_text_atomic
 
-VERSION = 2  # bump when the model's shape changes
+VERSION = 8  # bump when the model's shape changes
 
 
 def _key(path: Path) -> str:
@@ -68,13 +68,14 @@ class ModuleCache:
             raw = json.loads(file.read_text(encoding="utf-8"))
             members = {name: _member(m) for name, m in raw["members"].items()}
             return Module(raw["name"], Path(raw["path"]), raw["is_package"], members, raw["all"], raw["star_imports"],
-                          raw["lazy_getattr"])
+                          raw["lazy_getattr"], raw["lazy_module"])
         except (ValueError, KeyError, TypeError):
             return None
 
     def save(self, module: Module) -> None:
         members = {name: {"tag": _TAGS[type(m)], "body": asdict(m)} for name, m in module.members.items()}
         body = {"name": module.name, "path": str(module.path), "is_package": module.is_package, "members": members,
-                "all": module.all, "star_imports": module.star_imports, "lazy_getattr": module.lazy_getattr}
+                "all": module.all, "star_imports": module.star_imports, "lazy_getattr": module.lazy_getattr,
+                "lazy_module": module.lazy_module}
         self.root.mkdir(parents=True, exist_ok=True)
         write_text_atomic(self.root / f"{_key(module.path)}.json", json.dumps(body, default=_encode))

@@ -9,10 +9,15 @@ positionals, each a separate problem.
 from __future__ import annotations
 
 import ast
+import inspect
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 ParamKind = Literal["posonly", "pos", "varpos", "kwonly", "varkw"]
+PARAMETER_KINDS: dict[Any, ParamKind] = {inspect.Parameter.POSITIONAL_ONLY: "posonly",
+                                         inspect.Parameter.POSITIONAL_OR_KEYWORD: "pos",
+                                         inspect.Parameter.VAR_POSITIONAL: "varpos",
+                                         inspect.Parameter.KEYWORD_ONLY: "kwonly", inspect.Parameter.VAR_KEYWORD: "varkw"}
 
 
 @dataclass(frozen=True)
@@ -62,6 +67,11 @@ class Signature:
         """True for `(self, *args, **kwargs)`: a wrapper whose real signature is the next definition's."""
         rest = self.without_first().params
         return bool(rest) and all(p.kind in ("varpos", "varkw") for p in rest)
+
+    @property
+    def passes_through_all(self) -> bool:
+        """True for `(*args, **kwargs)` with nothing else: a forwarder that says nothing of its callee."""
+        return sorted(p.kind for p in self.params) == ["varkw", "varpos"]
 
     @property
     def accepts_any_keyword(self) -> bool:
