@@ -232,7 +232,7 @@ def test_calls_that_bind_at_run_time_give_no_finding(oraclelib: Path, monkeypatc
     assert [(f.line, f.kind, f.symbol) for f in result.findings] == [(16, "call-mismatch", "oraclelib.forwarded")]
 
 
-@pytest.mark.parametrize("package", ["pydantic", "accelerate", "safetensors", "peft"])
+@pytest.mark.parametrize("package", ["pydantic", "accelerate", "safetensors", "peft", "torch"])
 def test_installed_packages_have_no_error_capable_mismatch(package: str) -> None:
     pytest.importorskip(package)
     fidelity = package_fidelity(package)

@@ -214,14 +214,16 @@ def _transform_source(klass: Klass) -> str | None:
 
 
 def _forwards_blindly(node: ast.FunctionDef | ast.AsyncFunctionDef) -> bool:
-    """Return True when `node` (as a decorator) returns a nested `(*args, **kwargs)` wrapper and never
-    copies the wrapped signature (`functools.wraps`, `update_wrapper`): Python's signature of what it
-    decorates is then `(*args, **kwargs)`."""
+    """Return True when `node` (as a decorator) returns a nested `(*args, **kwargs)` wrapper that either
+    never copies the wrapped signature (`functools.wraps`, `update_wrapper`) or writes its own
+    `__signature__`: what it decorates is then taken to accept anything."""
     inner = [n for n in ast.walk(node) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n is not node]
     if not any(signature_of(n.args).passes_through_all for n in inner):
         return False
     text = ast.unparse(node)
-    return "wraps" not in text and "update_wrapper" not in text and "__signature__" not in text
+    if "__signature__" in text:
+        return True  # it writes the signature Python reports (transformers' deprecate_kwarg adds a keyword)
+    return "wraps" not in text and "update_wrapper" not in text
 
 
 def _sets_members(node: ast.FunctionDef | ast.AsyncFunctionDef) -> list[str]:
@@ -253,7 +255,7 @@ def _forwards(node: ast.FunctionDef | ast.AsyncFunctionDef) -> bool:
                      or isinstance(call.func.value, (ast.Name, ast.Attribute)))
                 and any(isinstance(a, ast.Starred) and ast.unparse(a.value) == star.arg for a in call.args)
                 and any(k.arg is None and ast.unparse(k.value) == double.arg for k in call.keywords)):
-            return ast.unparse(call.func.value) != "self"
+            return ast.unparse(call.func.value).split(".")[0] not in ("self", "cls")  # not another object's method
     return False
 
 
@@ -563,8 +565,8 @@ class ApiModel:
             if member is None:
                 continue
             first = first or member
-            if not (isinstance(member, Function) and member.forwarder):
-                return member
+            if not (isinstance(member, Function) and member.forwarder) or self.is_open(current):
+                return member  # below an unmodelled base (a C class), `super()` may be that base's method
         return first
 
     def _could_define(self, module: str, name: str, visited: set[str]) -> bool:
@@ -616,7 +618,11 @@ class ApiModel:
         if not (isinstance(module, Module) and (module.lazy_getattr or module.lazy_module)):
             return False
         scanned = self._scan(module.name)
-        return scanned is not None and qualname.rpartition(".")[2] in scanned[0]
+        name = qualname.rpartition(".")[2]
+        if scanned is not None and "define_import_structure" in scanned[0] and module.is_package:
+            # transformers' structure from every module file of the package, not only those TYPE_CHECKING names
+            return any(name in (self._scan(f"{module.name}.{f.stem}") or ("", []))[0] for f in module.path.parent.glob("*.py"))
+        return scanned is not None and name in scanned[0]
 
     def resolve_class(self, qualname: str) -> Klass | None:
         found = self.lookup(qualname)

@@ -217,8 +217,16 @@ def _modelled_callable(model: ApiModel, member: object, klass_member: bool) -> t
 
 
 def _live_method(klass: type, name: str) -> Any:
-    """Return the method as a client calls it on an instance (bound: no self), or None for a non-method."""
+    """Return the method as a client calls it on an instance (bound: no self), or None for a non-method.
+    A `(*args, **kwargs)` override that hands them to `super()` binds as the next definition does."""
     raw = inspect.getattr_static(klass, name)
+    function = raw.__func__ if isinstance(raw, (staticmethod, classmethod)) else raw
+    if inspect.isfunction(function) and "__class__" in function.__code__.co_freevars \
+            and _calls_with_star_arguments(function) and (own := live_signature(function)) is not None \
+            and own.without_first().passes_through_all:
+        below = next((k for k in klass.__mro__[1:] if name in vars(k)), None)
+        if below is not None:
+            return _live_method(below, name)
     if isinstance(raw, staticmethod):
         return raw.__func__
     if isinstance(raw, classmethod):
