@@ -534,10 +534,15 @@ class ApiModel:
         (`cls.validate = ...`, or a `setattr` whose name it does not spell)."""
         for current in self.mro(klass):
             for decorator in current.decorators:
-                found = self.lookup(decorator) if "." in decorator else None
-                if isinstance(found, Function) and (name in found.sets_members or "*" in found.sets_members):
+                found = self.decorator_function(decorator)
+                if found is not None and (name in found.sets_members or "*" in found.sets_members):
                     return True
         return False
+
+    def decorator_function(self, decorator: str) -> Function | None:
+        """Return the package function a decorator (qualified as written) names, or None."""
+        found = self.lookup(decorator) if "." in decorator else None
+        return found if isinstance(found, Function) else None
 
     def _follow(self, target: str, seen: frozenset[str]) -> Member | None:
         """Return what an import or re-binding names; a name from a package outside the model (`uuid.UUID`
@@ -551,8 +556,8 @@ class ApiModel:
         """Return the signature a call of `function` binds: `(*args, **kwargs)` when a decorator of the
         package replaced it by a wrapper that does not copy its signature, else its own."""
         for decorator in function.decorators:
-            found = self.lookup(decorator) if "." in decorator else None
-            if isinstance(found, Function) and found.forwards_blindly:
+            found = self.decorator_function(decorator)
+            if found is not None and found.forwards_blindly:
                 return _ANY_ARGUMENTS
         return function.signature
 
@@ -690,8 +695,8 @@ class ApiModel:
         return "transform" if self.transform_of(klass) else None
 
     def _transform_function(self, decorator: str) -> Function | None:
-        found = self.lookup(decorator) if "." in decorator else None
-        return found if isinstance(found, Function) and found.transform else None
+        found = self.decorator_function(decorator)
+        return found if found is not None and found.transform else None
 
     def _synthesizing_decorator(self, klass: Klass, decorator: str, source: str) -> bool:
         """Return True when `decorator` writes the class's `__init__` from its fields (not with `init=False`)."""
@@ -763,23 +768,23 @@ class ApiModel:
                     return signature
                 forwarder = forwarder or signature  # `(self, *args, **kwargs)`: binds as the next one does
             if any(self._synthesizing_decorator(current, d, s) for d, s in zip(current.decorators, current.decorator_sources)):
-                return self._fields_signature(klass)
-        if self.field_kind(klass) is None:
-            return forwarder if forwarder or self.is_open(klass) else Signature([])
-        return self._fields_signature(klass)
-
-    def _fields_signature(self, klass: Klass) -> Signature:
-        """Return the `__init__` synthesized from the fields of `klass` and its bases (base fields first; a
-        redefined field keeps its place; keyword-only fields last)."""
+                break
         kind = self.field_kind(klass)
+        if kind is None:
+            return forwarder if forwarder or self.is_open(klass) else Signature([])
+        return self._fields_signature(klass, kind)
+
+    def _fields_signature(self, klass: Klass, kind: str) -> Signature:
+        """Return the `__init__` synthesized from the fields of `klass` and its bases (base fields first; a
+        redefined field keeps its place; keyword-only fields last), for field kind `kind`."""
         transform = self.transform_of(klass) if kind == "transform" else None
         specifiers = {*_FIELD_SPECIFIERS, *transform_specifiers(transform)}
         params: dict[str, Param] = {}
         aliased = False
         for current in reversed(self.mro(klass)):
-            own = " ".join(current.decorator_sources)
-            class_keyword_only = kind == "pydantic" or "kw_only=True" in own.replace(" ", "") or (
-                "kw_only=False" not in own.replace(" ", "") and transform is not None and "kw_only_default=True" in transform)
+            own = " ".join(current.decorator_sources).replace(" ", "")
+            class_keyword_only = kind == "pydantic" or "kw_only=True" in own or (
+                "kw_only=False" not in own and transform is not None and "kw_only_default=True" in transform)
             after_marker = False
             for name in current.field_order:
                 attribute = current.attributes[name]

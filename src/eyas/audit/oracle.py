@@ -37,7 +37,6 @@ from eyas.audit.signature import PARAMETER_KINDS, CallShape, Param, Signature, b
 Verdict = Literal["matched", "mismatched", "unknown", "no_signature"]
 
 
-
 @dataclass(frozen=True)
 class Comparison:
     qualname: str  # as a client reaches it: `transformers.LlamaConfig`, `transformers.LlamaConfig.to_dict`
