@@ -31,6 +31,8 @@ DATACLASS_DECORATORS = {"dataclass", "dataclasses.dataclass", "pydantic.dataclas
 _STAR_IMPORT = re.compile(r"^\s*from\s+(\.*)([\w.]*)\s+import\s+\*", re.MULTILINE)
 FIELD_BASES = {"pydantic.BaseModel": "pydantic", "pydantic.main.BaseModel": "pydantic", "msgspec.Struct": "msgspec",
                "typing.NamedTuple": "namedtuple", "NamedTuple": "namedtuple"}
+# What every class and instance has, whatever its source says (`x.__class__`, `Base.__init__`).
+OBJECT_MEMBERS = frozenset(dir(object)) | {"__dict__", "__module__", "__weakref__", "__annotations__"}
 
 
 @dataclass
@@ -524,7 +526,7 @@ class ApiModel:
                     return klass.methods[name]
                 if name in klass.attributes:
                     return klass.attributes[name]
-            if self._added_by_decorator(owner, name):
+            if name in OBJECT_MEMBERS or self._added_by_decorator(owner, name):
                 return Opaque(name)
             return None
         return None
@@ -730,12 +732,17 @@ class ApiModel:
 
     def built_by_machinery(self, klass: Klass) -> bool:
         """Return True when Python builds instances of `klass` through machinery the model does not follow:
-        a metaclass defining `__call__` (or one outside the model)."""
+        a metaclass defining `__call__` or `__setattr__` (which rewrites the `__init__` a dataclass sets:
+        transformers' ModelOutput), one outside the model, or an `__init_subclass__` that sets `__init__`
+        or `__new__` on the subclass."""
         for current in self.mro(klass):
+            hook = current.methods.get("__init_subclass__")
+            if hook is not None and {"__init__", "__new__", "*"} & set(hook.sets_members):
+                return True
             if current.metaclass is None or current.metaclass in _PLAIN_METACLASSES:
                 continue
             meta = self.resolve_class(current.metaclass)
-            if meta is None or self.is_open(meta) or any("__call__" in m.methods for m in self.mro(meta)):
+            if meta is None or self.is_open(meta) or any({"__call__", "__setattr__"} & set(m.methods) for m in self.mro(meta)):
                 return True
         return False
 

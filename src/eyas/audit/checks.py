@@ -104,7 +104,8 @@ class Checker:
         if fix is None and (moved := self.target.find_parsed(leaf, qualname.split(".")[0])) is not None:
             fix = f"now at {moved}?"
         what = "cannot be imported" if kind == "unresolved-import" else "does not exist"
-        self.add(usage, qualname, kind, ERROR, f"{qualname} {what} in the target version",
+        severity, before = self._severity(in_baseline is not None or self.baseline is None)
+        self.add(usage, qualname, kind, severity, f"{qualname} {what} in the target version{before}",
                  _text(in_baseline, leaf), None, fix)
 
     def check(self, usage: Usage) -> None:
@@ -141,8 +142,32 @@ class Checker:
             self._defaults_changed(usage, member, name, skip_self)
             return
         baseline = self._baseline_member(usage, name)
-        self.add(usage, name, "call-mismatch", ERROR, f"call of {name} does not bind: " + "; ".join(problems),
+        severity, before = self._severity(self._bound_before(usage, self._call_signature_before(
+            baseline, skip_self and not member.is_static)))
+        self.add(usage, name, "call-mismatch", severity, f"call of {name} does not bind: " + "; ".join(problems) + before,
                  _text(baseline, name.rsplit('.', 1)[-1]), _text(member, name.rsplit('.', 1)[-1]))
+
+    @staticmethod
+    def _severity(worked_before: bool) -> tuple[str, str]:
+        """Return the severity and message suffix of a failing use: an error when it worked in the baseline
+        (or there is none), else a warning: what never worked there is no break of this upgrade, and most
+        often the receiver is not what its annotation says (`config: PretrainedConfig` holding a subclass)."""
+        return (ERROR, "") if worked_before else (WARNING, " (nor in the baseline: the object may not be what "
+                                                            "its type says; check it runs at all)")
+
+    def _had_member(self, usage: Usage) -> bool:
+        """True without a baseline, or when the baseline's class of the receiver has the member (or is open)."""
+        if self.baseline is None:
+            return True
+        klass = self.baseline.instance_class(usage.target)
+        return klass is not None and (self.baseline.is_open(klass) or self.baseline.member_of(klass, usage.member) is not None)  # type: ignore[arg-type]
+
+    def _bound_before(self, usage: Usage, before: Signature | None) -> bool:
+        """True without a baseline, or when the call bound to the baseline's signature: a call that never
+        bound (or to a callable the baseline lacks or cannot state) is not a break of this upgrade."""
+        if self.baseline is None:
+            return True
+        return before is not None and not bind_problems(before, usage.call)  # type: ignore[arg-type]
 
     def _baseline_member(self, usage: Usage, name: str) -> object:
         if self.baseline is None:
@@ -151,6 +176,12 @@ class Checker:
             klass = self.baseline.instance_class(usage.target)
             return self.baseline.concrete_member(klass, usage.member) if klass else None
         return self.baseline.lookup(name)
+
+    def _call_signature_before(self, member: object, skip_self: bool) -> Signature | None:
+        if self.baseline is None or not isinstance(member, Function) or member.is_property:
+            return None
+        called = self.baseline.call_signature(member)
+        return called.without_first() if skip_self else called
 
     def _call(self, usage: Usage) -> None:
         found = self.target.lookup(usage.target)
@@ -163,8 +194,9 @@ class Checker:
                 baseline_class = self.baseline.resolve_class(usage.target) if self.baseline else None
                 baseline_init = self.baseline.constructor(baseline_class) if self.baseline and baseline_class else None
                 if problems:
-                    self.add(usage, usage.target, "call-mismatch", ERROR,
-                             f"{usage.target}(...) does not bind: " + "; ".join(problems),
+                    severity, before = self._severity(self._bound_before(usage, baseline_init))
+                    self.add(usage, usage.target, "call-mismatch", severity,
+                             f"{usage.target}(...) does not bind: " + "; ".join(problems) + before,
                              f"{found.name}{baseline_init.text()}" if baseline_init else None,
                              f"{found.name}{constructor.text()}")
                 elif baseline_init is not None:
@@ -198,8 +230,9 @@ class Checker:
             self._failed.add((usage.path, usage.line, name))
             members = [n for k in self.target.mro(klass) for n in [*k.methods, *k.attributes]]
             close = likely_replacement(usage.member, members)  # type: ignore[arg-type]
-            self.add(usage, name, "missing-attribute", ERROR, f"{klass.name} has no attribute {usage.member} in the "
-                     "target version", _text(self._baseline_member(usage, name), usage.member),  # type: ignore[arg-type]
+            severity, before = self._severity(self._had_member(usage))
+            self.add(usage, name, "missing-attribute", severity, f"{klass.name} has no attribute {usage.member} in the "
+                     f"target version{before}", _text(self._baseline_member(usage, name), usage.member),  # type: ignore[arg-type]
                      None, f"did you mean {close}?" if close else None)
 
     def _bind(self, usage: Usage) -> None:

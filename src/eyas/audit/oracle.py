@@ -81,14 +81,16 @@ class Fidelity:
 def live_signature(obj: Any) -> Signature | None:
     """Return `inspect.signature(obj)` as eyas's `Signature` (annotations dropped), None when Python has none.
 
-    The callable's own parameters decide; `__wrapped__` is followed only from a `(*args, **kwargs)`
-    wrapper (a `functools.wraps` decorator hands the call on). A function copied with
+    The callable's own parameters decide; `__wrapped__` is followed only from a `(*args, **kwargs)` or
+    `(self, *args, **kwargs)` wrapper (a `functools.wraps` decorator hands the call on: huggingface_hub's
+    `@strict` wraps every transformers config's `__init__` so). A function copied with
     `update_wrapper` from a bound method (transformers' auto classes) has its own full parameters,
     where `inspect` would follow `__wrapped__` to the bound method and drop one."""
     try:
         own = inspect.signature(obj, follow_wrapped=False)
-        if sorted(p.kind for p in own.parameters.values()) == [inspect.Parameter.VAR_POSITIONAL,
-                                                                 inspect.Parameter.VAR_KEYWORD]:
+        kinds = [p.kind for p in own.parameters.values()]
+        if sorted(kinds[1:] if kinds[:1] == [inspect.Parameter.POSITIONAL_OR_KEYWORD] else kinds) == [
+                inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD] and hasattr(obj, "__wrapped__"):
             own = inspect.signature(obj)
         parameters = own.parameters.values()
     except (ValueError, TypeError):
