@@ -13,7 +13,16 @@ into a temporary directory):
   `BASELINE` = transformers==4.57.6) against `TARGET` = transformers==5.18.0. Expected findings: the
   lines of its four `# <- marker` comments (its test pins exactly one error on each, nothing else).
 
-Truth set. Only errors are comparable across tools (a type checker knows nothing of the baseline):
+- `peft`, `liger-kernel`, `trl`, `speculators` (real cases, `tests/audit/test_real_release_pairs.py`):
+  the project's release written for transformers 4.57.6 (its wheel, via eyas's cache) against the
+  installed transformers, baseline 4.57.6. Truth is live (`eyas.audit.groundtruth`): every use eyas's
+  reader finds is judged in this interpreter and in `--baseline-python` (default
+  `.venv-transformers4/bin/python`, built by `make test-transformers4`); `expected` = breaks (ok in the
+  baseline, fails in the target), `hits` = breaks found, `false_positives` = wrong errors (no break, every
+  use on the line decided), `unconfirmed` = error lines with no break where a use is undecided or none
+  was judged. `--record` writes the baseline verdicts to the test's record.
+
+Truth set (fixture and transformers cases). Only errors are comparable across tools (a type checker knows nothing of the baseline):
 the truth set of every tool is the set of (file, line) of the expected findings of severity
 "error" (kinds ignored). A tool's result is the set of distinct (file, line) on client files where
 it reports an error; `hits` = truth lines in it, `recall` = hits / expected, `false_positives` =
