@@ -41,7 +41,7 @@ def client_dir(case: str) -> Path:
 
 def client_usages(client: Path) -> list[Usage]:
     """Return the client's uses of transformers that are not compatibility code (guarded uses are not checked)."""
-    return [u for u in read_usages([client], {PACKAGE})[0] if not u.guarded]
+    return [u for u in read_usages([client], {PACKAGE}).usages if not u.guarded]
 
 
 def recorded_truth() -> dict[str, object]:

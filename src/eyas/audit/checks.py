@@ -65,6 +65,13 @@ def likely_replacement(name: str, candidates: list[str]) -> str | None:
     return containing[0] if containing else None
 
 
+def _bound_signature(model: ApiModel, function: Function, drop_self: bool) -> Signature:
+    """Return the signature a call of `function` binds in `model`, without its first parameter when
+    `drop_self` (a method called on an instance or class)."""
+    called = model.call_signature(function)
+    return called.without_first() if drop_self else called
+
+
 def _shape_of(signature: Signature) -> CallShape:
     """Return the call shape with which a framework calls a method of this signature (all parameters passed)."""
     positional = sum(p.kind in ("posonly", "pos") for p in signature.params)
@@ -140,8 +147,8 @@ class Checker:
     def _binding(self, usage: Usage, member: object, name: str, skip_self: bool) -> None:
         if not isinstance(member, Function) or member.is_property:
             return
-        called = self.target.call_signature(member)
-        target_signature = called.without_first() if skip_self and not member.is_static else called
+        drop_self = skip_self and not member.is_static
+        target_signature = _bound_signature(self.target, member, drop_self)
         if usage.call is None:
             return
         problems = bind_problems(target_signature, usage.call)  # type: ignore[arg-type]
@@ -149,8 +156,9 @@ class Checker:
             self._defaults_changed(usage, member, name, skip_self)
             return
         baseline = self._baseline_member(usage, name)
-        severity, before = self._severity(self._bound_before(usage, self._call_signature_before(
-            baseline, skip_self and not member.is_static)))
+        before_signature = _bound_signature(self.baseline, baseline, drop_self) \
+            if self.baseline is not None and isinstance(baseline, Function) and not baseline.is_property else None
+        severity, before = self._severity(self._bound_before(usage, before_signature))
         self.add(usage, name, "call-mismatch", severity, f"call of {name} does not bind: " + "; ".join(problems) + before,
                  _text(baseline, name.rsplit('.', 1)[-1]), _text(member, name.rsplit('.', 1)[-1]))
 
@@ -183,12 +191,6 @@ class Checker:
             klass = self.baseline.instance_class(usage.target)
             return self.baseline.concrete_member(klass, usage.member) if klass else None
         return self.baseline.lookup(name)
-
-    def _call_signature_before(self, member: object, skip_self: bool) -> Signature | None:
-        if self.baseline is None or not isinstance(member, Function) or member.is_property:
-            return None
-        called = self.baseline.call_signature(member)
-        return called.without_first() if skip_self else called
 
     def _call(self, usage: Usage) -> None:
         found = self.target.lookup(usage.target)
@@ -237,7 +239,7 @@ class Checker:
         methods = {n for k in self.target.mro(klass) for n in k.methods}
         for message in set(member.state_errors) - set(before.state_errors):
             for first in {a or b for a, b in _MENTIONED_CALL.findall(message)} & methods - {usage.member} - self.called:
-                self.add(usage, f"{name}", "protocol-change", WARNING,
+                self.add(usage, name, "protocol-change", WARNING,
                          f"{usage.member}() now raises unless {first}() was called first (\"{message}\"); this client "
                          f"never calls {first}()", _text(before, usage.member), _text(member, usage.member),  # type: ignore[arg-type]
                          f"call {first}() before {usage.member}()")
@@ -336,11 +338,8 @@ class Checker:
         if call is None or call.double_star:
             return
         passed = {p.name for p in [p for p in now.params if p.kind in ("posonly", "pos")][:call.positional]} | set(call.keywords)
-        for param in now.params:
-            old = before.param(param.name)
-            if param.name in passed or old is None or param.default is None or old.default is None:
-                continue
-            if old.default != param.default:
+        for param, old in now.changed_defaults(before):
+            if param.name not in passed:
                 self.add(usage, f"{name}({param.name})", "default-changed", WARNING,
                          f"{param.name} is not passed here and its default changed from {old.default} to {param.default}",
                          f"{name.rsplit('.', 1)[-1]}{before.text()}", f"{name.rsplit('.', 1)[-1]}{now.text()}",
@@ -443,10 +442,7 @@ class Checker:
             now, before = self.target.constructor(new), self.baseline.constructor(old)
             if now is None or before is None:
                 continue
-            for param in now.params:
-                old_param = before.param(param.name)
-                if old_param is None or param.default is None or old_param.default is None or old_param.default == param.default:
-                    continue
+            for param, old_param in now.changed_defaults(before):
                 self.add(usage, f"{qualname}.{param.name}", "default-changed", WARNING,
                          f"{new.name}.{param.name} is never set by this client and its default changed from "
                          f"{old_param.default} to {param.default}", f"{param.name}={old_param.default}",

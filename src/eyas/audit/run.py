@@ -11,7 +11,7 @@ from eyas.audit.apimodel import ApiModel
 from eyas.audit.checks import ERROR, WARNING, Checker, Finding, package_classes
 from eyas.audit.modelcache import ModuleCache
 from eyas.audit.spec import cache_dir, resolve_spec
-from eyas.audit.usage import called_names, defined_names, read_usages
+from eyas.audit.usage import called_names, read_usages
 from eyas.errors import EyasError
 
 KINDS = ("unresolved-import", "missing-attribute", "call-mismatch", "dead-override", "override-mismatch", "dead-binding",
@@ -41,14 +41,14 @@ def run_audit(paths: list[Path], against: str, baseline: str | None = None, sele
     cache = ModuleCache(cache_dir() / "api")
     target = ApiModel(list(target_source.roots), cache)
     before = ApiModel(list(baseline_source.roots), cache) if baseline_source else None
-    usages, files, unparsable = read_usages(paths, set(target_source.packages))
+    usages, files, unparsable, defined = read_usages(paths, set(target_source.packages))
     checker = Checker(target, before, called_names(usages))
     for usage in usages:
         if usage.kind != "untyped_call":
             checker.check(usage)
     classes = package_classes(usages, before or target)
     checker.untyped([u for u in usages if u.kind == "untyped_call" and not u.guarded], classes,
-                    set(target_source.packages), defined_names(paths))
+                    set(target_source.packages), defined)
     checker.new_duties(usages, classes)
     checker.unset_config_defaults(usages)
     findings = checker.findings + [Finding(str(path), line, 1, str(path), "unparsable", WARNING,

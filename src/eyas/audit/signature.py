@@ -59,6 +59,11 @@ class Signature:
             return Signature(self.params[1:])
         return self
 
+    def changed_defaults(self, before: Signature) -> list[tuple[Param, Param]]:
+        """Return (now, before) for each parameter that has a default here and in `before`, and a different one."""
+        return [(param, old) for param in self.params if (old := before.param(param.name)) is not None
+                and param.default is not None and old.default is not None and old.default != param.default]
+
     def param(self, name: str) -> Param | None:
         return next((p for p in self.params if p.name == name and p.kind not in ("varpos", "varkw")), None)
 

@@ -17,7 +17,7 @@ import ast
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Literal, NamedTuple
 
 from eyas.audit.signature import CallShape, Signature, signature_of
 
@@ -83,6 +83,7 @@ class _FileReader(ast.NodeVisitor):
         self.current_class: _ClientClass | None = None
         self.local_returns: dict[str, Ref] = {}
         self.guard_depth = 0
+        self.defined: set[str] = set()  # every function and method name the file defines
         self.recording = True
         self.pattern = re.compile(rf"^({'|'.join(map(re.escape, sorted(packages)))})(\.[A-Za-z_]\w*)+$")
 
@@ -205,6 +206,7 @@ class _FileReader(ast.NodeVisitor):
         self.current_class = outer
 
     def visit_FunctionDef(self, node: ast.FunctionDef | ast.AsyncFunctionDef) -> None:
+        self.defined.add(node.name)
         returns = self.annotation_ref(node.returns)
         if returns is not None and self.current_class is None:
             self.local_returns[node.name] = returns
@@ -374,10 +376,18 @@ def client_files(paths: list[Path]) -> list[Path]:
     return files
 
 
-def read_usages(paths: list[Path], packages: set[str]) -> tuple[list[Usage], int, list[tuple[Path, int, str]]]:
+class ClientUses(NamedTuple):
+    usages: list[Usage]
+    files: int
+    unparsable: list[tuple[Path, int, str]]  # (path, line, reason): reported, not skipped silently
+    defined: frozenset[str]  # every function and method name the client defines
+
+
+def read_usages(paths: list[Path], packages: set[str]) -> ClientUses:
     """Return the uses of `packages` (import names) in the client files under `paths`, the file count,
-    and the files that could not be parsed (path, line, reason): they are reported, not skipped silently."""
+    the files that could not be parsed, and the names of the functions and methods the client defines."""
     usages: list[Usage] = []
+    defined: set[str] = set()
     unparsable: list[tuple[Path, int, str]] = []
     files = client_files(paths)
     for file in files:
@@ -386,20 +396,13 @@ def read_usages(paths: list[Path], packages: set[str]) -> tuple[list[Usage], int
         except SyntaxError as error:
             unparsable.append((file, error.lineno or 1, f"syntax error: {error.msg}"))
             continue
-        usages += _FileReader(str(file), packages).read(tree)
-    return usages, len(files), unparsable
+        reader = _FileReader(str(file), packages)
+        usages += reader.read(tree)
+        defined |= reader.defined
+    return ClientUses(usages, len(files), unparsable, frozenset(defined))
 
 
 def called_names(usages: list[Usage]) -> frozenset[str]:
     """Return every method or function name the client calls (on any receiver, typed or not)."""
     return frozenset(u.member if u.member is not None else u.target.rsplit(".", 1)[-1]
                      for u in usages if u.kind in ("call", "member_call", "untyped_call"))
-
-
-_DEFINITION = re.compile(r"^\s*(?:async\s+)?def\s+(\w+)", re.MULTILINE)
-
-
-def defined_names(paths: list[Path]) -> frozenset[str]:
-    """Return the names of every function and method the client files under `paths` define."""
-    return frozenset(name for file in client_files(paths)
-                     for name in _DEFINITION.findall(file.read_text(encoding="utf-8", errors="replace")))

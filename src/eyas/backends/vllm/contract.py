@@ -131,7 +131,7 @@ def contract_files(path: VllmPath) -> list[Path]:
 def contract_uses(path: VllmPath) -> list[Usage]:
     """Return every use of vLLM on `path` (extraction and serving modules), in file and line order (read from
     source, nothing imported)."""
-    usages, _, _ = read_usages(contract_files(path), {"vllm"})
+    usages = read_usages(contract_files(path), {"vllm"}).usages
     return sorted((u for u in usages if u.kind != "untyped_call"), key=lambda u: (u.path, u.line, u.col))
 
 
