@@ -10,4 +10,5 @@ def test_vllm_has_no_error_capable_mismatch() -> None:
     fidelity = package_fidelity("vllm")
     assert fidelity.compared > 500
     assert [(c.qualname, c.modelled, c.live) for c in fidelity.error_capable] == []
-    assert fidelity.matched_share > 0.98
+    assert fidelity.matched_share >= 0.995, [(c.qualname, c.verdict, c.modelled, c.live) for c in fidelity.comparisons
+                                             if c.verdict in ("mismatched", "unknown")]

@@ -16,12 +16,14 @@ import ast
 import enum
 import inspect
 import re
-from dataclasses import dataclass, field
+import sysconfig
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Union
 
 from eyas.audit.signature import PARAMETER_KINDS as _PARAMETER_KINDS
 from eyas.audit.signature import Param, Signature, signature_of
+from eyas.audit.wrappers import keyword_use
 
 if TYPE_CHECKING:
     from eyas.audit.modelcache import ModuleCache
@@ -32,6 +34,7 @@ _METHOD_DEF = re.compile(r"^[ \t]+(?:async[ \t]+)?def[ \t]+(\w+)", re.MULTILINE)
 _STAR_IMPORT = re.compile(r"^\s*from\s+(\.*)([\w.]*)\s+import\s+\*", re.MULTILINE)
 FIELD_BASES = {"pydantic.BaseModel": "pydantic", "pydantic.main.BaseModel": "pydantic", "msgspec.Struct": "msgspec",
                "typing.NamedTuple": "namedtuple", "NamedTuple": "namedtuple"}
+STDLIB = Path(sysconfig.get_paths()["stdlib"])
 # What every class and instance has, whatever its source says (`x.__class__`, `Base.__init__`).
 OBJECT_MEMBERS = frozenset(dir(object)) | {"__dict__", "__module__", "__weakref__", "__annotations__"}
 
@@ -60,11 +63,15 @@ class Function:
     docstring: str | None = None
     returns_class: str | None = None  # the qualified name the return annotation names (Optional/quotes removed)
     transform: str | None = None  # its `@dataclass_transform(...)` decorator as written (PEP 681)
-    forwards_blindly: bool = False  # a decorator returning a `(*args, **kwargs)` wrapper without functools.wraps
+    wraps_as: str | None = None  # as a decorator returning a `(*args, **kwargs)` wrapper: see `_wraps_as`
     forwards: bool = False  # its body passes its own `*args` and `**kwargs` on to a call
     sets_members: list[str] = field(default_factory=list)  # names it sets on a parameter (`cls.x = ...`); "*": setattr
+    sets_methods: dict[str, Signature] = field(default_factory=dict)  # those set to a function it defines, with its signature
     return_shape: str | None = None  # what every `return` gives when all agree: "list of 1", "tuple of 2", "dict", "value"
     state_errors: list[str] = field(default_factory=list)  # messages it raises that name a call to make first
+    takes_keywords: list[tuple[str, str | None]] = field(default_factory=list)  # as a decorator whose wrapper takes
+    # keywords out of its `**kwargs`: (taken, renamed to), each a string literal or a parameter of the decorator
+    decorator_sources: list[str] = field(default_factory=list)  # as written, arguments included
 
     @property
     def forwarder(self) -> bool:
@@ -218,34 +225,95 @@ def _transform_source(klass: Klass) -> str | None:
     return next((s for s in klass.decorator_sources if "dataclass_transform" in s.split("(")[0]), None)
 
 
-def _forwards_blindly(node: ast.FunctionDef | ast.AsyncFunctionDef) -> bool:
-    """Return True when `node` (as a decorator) returns a nested `(*args, **kwargs)` wrapper that either
-    never copies the wrapped signature (`functools.wraps`, `update_wrapper`) or writes its own
-    `__signature__`: what it decorates is then taken to accept anything."""
+def _taken_keywords(decorator: Function, source: str) -> list[tuple[str, str | None]] | None:
+    """Return the (taken, renamed to) keyword names a `_wraps_as` "takes" decorator's wrapper handles, with
+    the decorator's parameters bound to the string literals of its call as written (`source`:
+    `deprecate_kwarg("past_key_values", "5.40.0", new_name="cache")`) or to their defaults; None when one is
+    not a literal."""
+    try:
+        call = ast.parse(source, mode="eval").body
+    except SyntaxError:
+        return None
+    values: dict[str, object] = {}
+    for param in decorator.signature.params:
+        if param.default is not None:
+            try:
+                values[param.name] = ast.literal_eval(param.default)
+            except ValueError:
+                pass
+    if isinstance(call, ast.Call):
+        positional = [p for p in decorator.signature.params if p.kind in ("posonly", "pos")]
+        values.update({p.name: a.value for p, a in zip(positional, call.args) if isinstance(a, ast.Constant)})
+        values.update({k.arg: k.value.value for k in call.keywords if k.arg and isinstance(k.value, ast.Constant)})
+
+    def name_of(text: str) -> str | None:
+        try:
+            value = ast.literal_eval(text)
+        except (ValueError, SyntaxError):
+            value = values.get(text)
+        return value if isinstance(value, str) else None
+
+    taken = []
+    for old, new in decorator.takes_keywords:
+        name = name_of(old)
+        if name is None:
+            return None
+        taken.append((name, name_of(new) if new is not None else None))
+    return taken
+
+
+def _wraps_as(node: ast.FunctionDef | ast.AsyncFunctionDef) -> tuple[str | None, list[tuple[str, str | None]]]:
+    """Return what a call of a function decorated by `node` binds against when `node` returns a nested
+    `(*args, **kwargs)` or `(self, *args, **kwargs)` wrapper, and the keywords that wrapper takes out (`eyas.audit.wrappers`):
+
+    - "anything": the wrapper never copies the wrapped signature (`functools.wraps`, `update_wrapper`);
+    - "filters": it copies it, only reads its keywords and calls on with others: any keyword binds;
+    - "takes": it copies it and takes keywords out, perhaps renamed (transformers' `deprecate_kwarg`);
+    - "edits": it copies it but edits its keywords otherwise, or writes its own `__signature__`;
+    - None: the decorated function's own signature decides."""
     inner = [n for n in ast.walk(node) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n is not node]
-    if not any(signature_of(n.args).passes_through_all for n in inner):
-        return False
+    wrappers = [n for n in inner if n.args.vararg and n.args.kwarg and signature_of(n.args).passes_through]
+    if not wrappers:
+        return None, []
     text = ast.unparse(node)
+    if "wraps" not in text and "update_wrapper" not in text:
+        return "anything", []
+    uses = [keyword_use(w) for w in wrappers]
+    taken = [pair for use in uses for pair in use.takes]
+    if any(use.other_edits for use in uses):
+        return "edits", []
+    if taken:
+        return "takes", taken
     if "__signature__" in text:
-        return True  # it writes the signature Python reports (transformers' deprecate_kwarg adds a keyword)
-    return "wraps" not in text and "update_wrapper" not in text
+        return "edits", []
+    return ("filters" if all(use.only_reads for use in uses) else None), []
 
 
-def _sets_members(node: ast.FunctionDef | ast.AsyncFunctionDef) -> list[str]:
+def _sets_members(node: ast.FunctionDef | ast.AsyncFunctionDef) -> tuple[list[str], dict[str, Signature]]:
     """Return the attribute names the function (or a function inside it) assigns on one of its parameters
-    (`cls.validate = validate`); "*" for a `setattr` on a parameter with a computed name."""
+    (`cls.validate = validate`), "*" for a `setattr` on a parameter with a computed name; and, of those, the
+    ones set to a function defined inside it, with that function's signature."""
     names: set[str] = set()
+    methods: dict[str, Signature] = {}
     for function in [n for n in ast.walk(node) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]:
         params = {a.arg for a in [*function.args.posonlyargs, *function.args.args, *function.args.kwonlyargs]}
+        local = {n.name: n for n in function.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
         for item in ast.walk(function):
-            targets = item.targets if isinstance(item, ast.Assign) else [item.target] if isinstance(item, ast.AnnAssign) else []
-            names.update(t.attr for t in targets if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name)
-                         and t.value.id in params)
-            if (isinstance(item, ast.Call) and isinstance(item.func, ast.Name) and item.func.id == "setattr"
+            set_on: list[tuple[str, ast.expr | None]] = []
+            if isinstance(item, (ast.Assign, ast.AnnAssign)):
+                targets = item.targets if isinstance(item, ast.Assign) else [item.target]
+                set_on = [(t.attr, item.value) for t in targets if isinstance(t, ast.Attribute)
+                          and isinstance(t.value, ast.Name) and t.value.id in params]
+            elif (isinstance(item, ast.Call) and isinstance(item.func, ast.Name) and item.func.id == "setattr"
                     and item.args and isinstance(item.args[0], ast.Name) and item.args[0].id in params):
                 second = item.args[1] if len(item.args) > 1 else None
-                names.add(second.value if isinstance(second, ast.Constant) and isinstance(second.value, str) else "*")
-    return sorted(names)
+                named = second.value if isinstance(second, ast.Constant) and isinstance(second.value, str) else "*"
+                set_on = [(named, item.args[2] if len(item.args) > 2 else None)]
+            for name, value in set_on:
+                names.add(name)
+                if isinstance(value, ast.Name) and value.id in local:
+                    methods[name] = signature_of(local[value.id].args)
+    return sorted(names), methods
 
 
 def _own_nodes(node: ast.FunctionDef | ast.AsyncFunctionDef) -> list[ast.AST]:
@@ -298,6 +366,16 @@ def _state_errors(node: ast.FunctionDef | ast.AsyncFunctionDef) -> list[str]:
     return messages
 
 
+def _config_forbids_extra(config: ast.ClassDef) -> bool:
+    """Return True for a pydantic 1 `class Config:` that sets `extra = Extra.forbid` (or "forbid"), annotated or not."""
+    for item in config.body:
+        targets = item.targets if isinstance(item, ast.Assign) else [item.target] if isinstance(item, ast.AnnAssign) else []
+        if any(isinstance(t, ast.Name) and t.id == "extra" for t in targets) and item.value is not None \
+                and "forbid" in ast.unparse(item.value):
+            return True
+    return False
+
+
 def _forwards(node: ast.FunctionDef | ast.AsyncFunctionDef) -> bool:
     """Return True when the body hands its own `*args` and `**kwargs` to the same method of a base class
     (`super().name(*args, **kwargs)`, `Base.name(self, *args, **kwargs)`)."""
@@ -346,9 +424,12 @@ class _ModuleReader:
             if isinstance(node, (ast.Import, ast.ImportFrom)):
                 self._import(node)
             elif isinstance(node, ast.If):
-                checking = "TYPE_CHECKING" in ast.unparse(node.test)
-                self._body(node.body, type_checking or checking)
-                self._body(node.orelse, type_checking)  # read last: under `if TYPE_CHECKING:` the else is what runs
+                if "TYPE_CHECKING" in ast.unparse(node.test):
+                    self._body(node.body, True)
+                    self._body(node.orelse, type_checking)  # read last: under `if TYPE_CHECKING:` the else is what runs
+                else:  # the branch a condition names is the usual configuration (`if _enabled:`), the else its fallback
+                    self._body(node.orelse, type_checking)
+                    self._body(node.body, type_checking)
             elif isinstance(node, ast.Try):
                 self._body(node.body, type_checking)
                 for handler in node.handlers:
@@ -400,6 +481,9 @@ class _ModuleReader:
             if isinstance(existing, (Klass, Function)) and isinstance(node.value, ast.Call) and any(
                     isinstance(a, ast.Name) and a.id == target.id for a in node.value.args):
                 continue  # `X = decorate(X)`: X stays the class or function it was
+            if node.value is not None and (bound := self._bound_function(node.value, f"{self.module.name}.{target.id}")):
+                self.module.members[target.id] = bound
+                continue
             value = _dotted(node.value) if node.value is not None else None
             if value and isinstance(node.value, (ast.Name, ast.Attribute)) and self.qualify(value) != value:
                 self.module.members[target.id] = Alias(self.qualify(value) or value)  # re-binding of an import
@@ -412,11 +496,14 @@ class _ModuleReader:
         decorators = [self.qualify(_dotted(d)) or ast.unparse(d) for d in node.decorator_list]
         transform = next((ast.unparse(d) for d, q in zip(node.decorator_list, decorators) if q.endswith("dataclass_transform")),
                          None)
-        return Function(node.name, qualname, node.lineno, signature_of(node.args),
+        wraps_as, takes = _wraps_as(node)
+        # one `@overload` of several says little of the others: a stub's last one stands for them all
+        signature = _ANY_ARGUMENTS if any(d.split(".")[-1] == "overload" for d in decorators) else signature_of(node.args)
+        return Function(node.name, qualname, node.lineno, signature,
                         ast.unparse(node.returns) if node.returns else None, decorators, ast.get_docstring(node),
                         self.qualify(_dotted(_annotated_type(node.returns))) if node.returns else None, transform,
-                        _forwards_blindly(node), _forwards(node), _sets_members(node), _return_shape(node),
-                        _state_errors(node))
+                        wraps_as, _forwards(node), *_sets_members(node), _return_shape(node),
+                        _state_errors(node), takes, [ast.unparse(d) for d in node.decorator_list])
 
     def _class(self, node: ast.ClassDef) -> Klass:
         qualname = f"{self.module.name}.{node.name}"
@@ -441,6 +528,8 @@ class _ModuleReader:
                 self._instance_attributes(item, klass)
             elif isinstance(item, ast.AnnAssign) and isinstance(item.target, ast.Name):
                 name = item.target.id
+                if item.value is not None and (bound := self._bound_function(item.value, f"{qualname}.{name}", klass)):
+                    klass.methods[name] = bound  # `forward: Callable[..., Any] = _forward_unimplemented`
                 annotation = ast.unparse(item.annotation)
                 default = _field_default(item.value)
                 attribute = Attribute(name, item.lineno, annotation, default, default is not None)
@@ -457,6 +546,8 @@ class _ModuleReader:
                             klass.init_false.add(name)
                         if keyword.arg == "kw_only" and ast.unparse(keyword.value) == "True":
                             klass.kw_only_fields.add(name)
+            elif isinstance(item, ast.ClassDef) and item.name == "Config" and _config_forbids_extra(item):
+                klass.forbids_extra = True
             elif isinstance(item, (ast.Import, ast.ImportFrom)):  # `from .utils import save_metrics` in a class body
                 for alias in item.names:
                     local = alias.asname or alias.name.split(".")[0]
@@ -467,7 +558,26 @@ class _ModuleReader:
                         if target.id == "model_config" and "forbid" in ast.unparse(item.value):
                             klass.forbids_extra = True
                         klass.attributes[target.id] = Attribute(target.id, item.lineno, None, ast.unparse(item.value), True)
+                        if bound := self._bound_function(item.value, f"{qualname}.{target.id}", klass):
+                            klass.methods[target.id] = bound  # `with_args = classmethod(_with_args)`
         return klass
+
+    def _bound_function(self, value: ast.expr, qualname: str, klass: Klass | None = None) -> Function | None:
+        """Return the function an assignment binds when its value names one defined above (in the class body
+        or the module) or applies decorators to one, each called with it alone (`f = deprecated("...")(g)`,
+        `with_args = classmethod(_with_args)`): that function under the new name, the decorators added."""
+        applied: list[ast.expr] = []
+        while isinstance(value, ast.Call) and len(value.args) == 1 and not value.keywords:
+            applied.append(value.func)
+            value = value.args[0]
+        if not isinstance(value, ast.Name) or klass is None and not applied:
+            return None  # a module-level `g = f` is an alias already
+        found = (klass.methods.get(value.id) if klass else None) or self.module.members.get(value.id)
+        if not isinstance(found, Function):
+            return None
+        return replace(found, name=qualname.rsplit(".", 1)[-1], qualname=qualname,
+                       decorators=[*(self.qualify(_dotted(d)) or ast.unparse(d) for d in applied), *found.decorators],
+                       decorator_sources=[*(ast.unparse(d) for d in applied), *found.decorator_sources])
 
     @staticmethod
     def _instance_attributes(function: ast.FunctionDef | ast.AsyncFunctionDef, klass: Klass) -> None:
@@ -483,7 +593,9 @@ class ApiModel:
     """The API of the packages under `roots` (directories holding top-level packages or modules)."""
 
     def __init__(self, roots: list[Path], cache: ModuleCache | None = None) -> None:
-        self.roots, self.cache = roots, cache
+        """`roots` come first; the running Python's standard library is read after them, so a class whose
+        base is `uuid.UUID` or `pathlib.Path` has that base's source (a C module stays unread)."""
+        self.roots, self.cache = [*roots, STDLIB], cache
         self._modules: dict[str, Module | None] = {}
         self._scans: dict[str, tuple[str, list[str]] | None] = {}
         self._lookups: dict[str, Member | None] = {}
@@ -492,13 +604,17 @@ class ApiModel:
         self._method_index: dict[str, dict[str, set[str]]] = {}  # package -> method name -> modules defining it
 
     def find_file(self, name: str) -> tuple[Path, bool] | None:
+        """Return the source of module `name` and whether it is a package: its `.py`, else the `.pyi` stub an
+        extension module ships (`torch/_C/__init__.pyi`), else a namespace package's directory; None when
+        no root has it."""
         parts = name.split(".")
         for root in self.roots:
             base = root.joinpath(*parts)
-            if (base / "__init__.py").is_file():
-                return base / "__init__.py", True
-            if base.with_suffix(".py").is_file():
-                return base.with_suffix(".py"), False
+            for suffix in (".py", ".pyi"):
+                if (base / f"__init__{suffix}").is_file():
+                    return base / f"__init__{suffix}", True
+                if base.with_suffix(suffix).is_file():
+                    return base.with_suffix(suffix), False
             if base.is_dir() and len(parts) > 1:  # a namespace package
                 return base, True
         return None
@@ -536,6 +652,11 @@ class ApiModel:
             return None
         seen = _seen | {qualname}
         parts = qualname.split(".")
+        parent = self.module(".".join(parts[:-1])) if len(parts) > 1 else None
+        if parent is not None and self.module(qualname) is not None:
+            bound = self.member_of(parent, parts[-1], seen)
+            if bound is not None and not isinstance(bound, Module):
+                return bound  # `from .quantize import quantize` (or `*`) rebinds the submodule's name in its package
         for cut in range(len(parts), 0, -1):
             module = self.module(".".join(parts[:cut]))
             if module is None:
@@ -560,10 +681,7 @@ class ApiModel:
                 return self._follow(member.target, seen)
             if member is not None:
                 return member
-            submodule = self.module(f"{owner.name}.{name}") if owner.is_package else None
-            if submodule is not None:
-                return submodule
-            for source in owner.star_imports:
+            for source in owner.star_imports:  # `from .quantize import *` rebinds the submodule's name `quantize`
                 if (source, name) not in self._defines:
                     self._defines[(source, name)] = self._could_define(source, name, set())
                 if not self._defines[(source, name)]:
@@ -574,27 +692,35 @@ class ApiModel:
                 found = self.lookup(f"{source}.{name}", seen)
                 if found is not None:
                     return found
-            return None
+            submodule = self.module(f"{owner.name}.{name}") if owner.is_package else None
+            if submodule is None and any(self.find_file(source) is None for source in owner.star_imports):
+                return Opaque(name)  # `from posix import *` (a module without source) may define anything
+            return submodule
         if isinstance(owner, Klass):
             for klass in self.mro(owner):
                 if name in klass.methods:
                     return klass.methods[name]
                 if name in klass.attributes:
                     return klass.attributes[name]
-            if name in OBJECT_MEMBERS or self._added_by_decorator(owner, name):
+            if name in OBJECT_MEMBERS:
                 return Opaque(name)
-            return None
+            return self._added_by_decorator(owner, name)
         return None
 
-    def _added_by_decorator(self, klass: Klass, name: str) -> bool:
-        """Return True when a class decorator of the package (in the MRO) sets member `name` on the class
-        (`cls.validate = ...`, or a `setattr` whose name it does not spell)."""
+    def _added_by_decorator(self, klass: Klass, name: str) -> Member | None:
+        """Return member `name` when a class decorator of the package (in the MRO) sets it on the class:
+        the function it defines and sets (`cls.validate = validate`: huggingface_hub's `@strict`), opaque
+        when it sets another value or a `setattr` whose name it does not spell; None when none sets it."""
         for current in self.mro(klass):
             for decorator in current.decorators:
                 found = self.decorator_function(decorator)
-                if found is not None and (name in found.sets_members or "*" in found.sets_members):
-                    return True
-        return False
+                if found is None:
+                    continue
+                if name in found.sets_methods:
+                    return Function(name, f"{current.qualname}.{name}", found.lineno, found.sets_methods[name], None, [])
+                if name in found.sets_members or "*" in found.sets_members:
+                    return Opaque(name)
+        return None
 
     def decorator_function(self, decorator: str) -> Function | None:
         """Return the package function a decorator (qualified as written) names, or None."""
@@ -610,13 +736,27 @@ class ApiModel:
         return found
 
     def call_signature(self, function: Function) -> Signature:
-        """Return the signature a call of `function` binds: `(*args, **kwargs)` when a decorator of the
-        package replaced it by a wrapper that does not copy its signature, else its own."""
-        for decorator in function.decorators:
+        """Return the signature a call of `function` binds, through the package's decorators that replace it
+        by a `(*args, **kwargs)` wrapper (`_wraps_as`): `(*args, **kwargs)` for one that copies no signature;
+        its own plus `**kwargs` for one that filters keywords; its own plus the keywords one takes out (with
+        their names read from the decorator's arguments; a renamed-to parameter need not be given); its own
+        when it has `**kwargs` and a wrapper edits them otherwise (or takes keywords it cannot name), else
+        `(*args, **kwargs)`."""
+        signature = function.signature
+        applied = list(zip(function.decorators, function.decorator_sources or function.decorators))
+        for decorator, source in reversed(applied):  # the innermost first: Python applies decorators bottom-up
             found = self.decorator_function(decorator)
-            if found is not None and found.forwards_blindly:
+            if found is None or found.wraps_as is None:
+                continue
+            if found.wraps_as == "anything":
                 return _ANY_ARGUMENTS
-        return function.signature
+            if found.wraps_as == "filters" and not signature.accepts_any_keyword:
+                signature = Signature([*signature.params, Param("kwargs", "varkw", None)])
+            elif found.wraps_as == "takes" and (taken := _taken_keywords(found, source)) is not None:
+                signature = signature.with_taken_keywords(taken)
+            elif found.wraps_as in ("takes", "edits") and not signature.accepts_any_keyword:
+                return _ANY_ARGUMENTS
+        return signature
 
     def concrete_member(self, klass: Klass, name: str) -> Member | None:
         """Return member `name` through the MRO, skipping `(*args, **kwargs)` pass-through overrides: a
@@ -749,10 +889,20 @@ class ApiModel:
         return order
 
     def is_open(self, klass: Klass) -> bool:
-        """Return True when members of `klass` cannot be known: a base outside the model, or a `__getattr__`."""
+        """Return True when members of `klass` cannot be known: a base outside the model, a `__getattr__`, or
+        a class declared in a `.pyi` stub (an extension type: Python code may add members to it at run time,
+        as torch does to `torch._C.ScriptMethod`)."""
+        return any("__getattr__" in current.methods or self._from_stub(current) for current in self.mro(klass)) \
+            or self.has_unmodelled_base(klass)
+
+    def _from_stub(self, klass: Klass) -> bool:
+        module = self.module(klass.module)
+        return module is not None and module.path.suffix == ".pyi"
+
+    def has_unmodelled_base(self, klass: Klass) -> bool:
+        """Return True when a class in the MRO of `klass` has a base outside the model (a C or stdlib class
+        the package does not define): its `__init__` and members are not read."""
         for current in self.mro(klass):
-            if "__getattr__" in current.methods:
-                return True
             for base in current.bases:
                 if base not in ("object", "type", "typing.Generic", "Generic") and not base.startswith(("typing.", "abc.")) \
                         and self.resolve_class(base) is None and base not in FIELD_BASES and "Protocol" not in base:
@@ -763,8 +913,8 @@ class ApiModel:
         """Return how the class synthesizes `__init__` from fields: dataclass, pydantic, msgspec, namedtuple,
         transform (PEP 681 `dataclass_transform`), or None."""
         for current in self.mro(klass):
-            if any(self._transform_function(d) for d in current.decorators):
-                return "transform"
+            if any(self._transform_function(d) for d in current.decorators) or current is not klass and _transform_source(current):
+                return "transform"  # a PEP 681 base decides for its subclasses, whatever decorates the base itself
             if any(self._synthesizing_decorator(current, d, s) for d, s in zip(current.decorators, current.decorator_sources)):
                 return "dataclass"  # pydantic dataclasses bind as standard dataclasses do
             for base in current.bases:
@@ -813,13 +963,16 @@ class ApiModel:
         transformers' ModelOutput), one outside the model, or an `__init_subclass__` that sets `__init__`
         or `__new__` on the subclass."""
         for current in self.mro(klass):
+            if current.module in ("typing", "typing_extensions"):
+                continue  # Protocol's and Generic's hooks: `constructor` models protocols by name
             hook = current.methods.get("__init_subclass__")
             if hook is not None and {"__init__", "__new__", "*"} & set(hook.sets_members):
                 return True
             if current.metaclass is None or current.metaclass in _PLAIN_METACLASSES:
                 continue
             meta = self.resolve_class(current.metaclass)
-            if meta is None or self.is_open(meta) or any({"__call__", "__setattr__"} & set(m.methods) for m in self.mro(meta)):
+            if meta is None or self.has_unmodelled_base(meta) or any({"__call__", "__setattr__"} & set(m.methods)
+                                                                     for m in self.mro(meta)):
                 return True
         return False
 
@@ -849,14 +1002,30 @@ class ApiModel:
             if own is not None and not replaced:
                 signature = self.call_signature(own).without_first()
                 if not own.forwarder:
-                    return signature
+                    return self._pydantic_init(klass, signature) if signature.accepts_any_keyword else signature
                 forwarder = forwarder or signature  # `(self, *args, **kwargs)`: binds as the next one does
             if any(self._synthesizing_decorator(current, d, s) for d, s in zip(current.decorators, current.decorator_sources)):
                 break
         kind = self.field_kind(klass)
         if kind is None:
-            return forwarder if forwarder or self.is_open(klass) else Signature([])
+            # a forwarder hands its arguments to object (an instance `__getattr__` plays no part in a call)
+            return forwarder if self.has_unmodelled_base(klass) else Signature([])
         return self._fields_signature(klass, kind)
+
+    def _pydantic_init(self, klass: Klass, init: Signature) -> Signature:
+        """Return a pydantic model's own `__init__` with `**kwargs` as pydantic (v1 and v2) describes it: the
+        model's fields it does not name become keyword-only parameters, and `**kwargs` stays unless the model
+        forbids extra fields. Another class's `init` is returned as is."""
+        kind = self.field_kind(klass)
+        pydantic = kind == "pydantic" or kind == "transform" and any(
+            c.qualname.split(".")[0] == "pydantic" and c.name == "BaseModel" for c in self.mro(klass))
+        if not pydantic:
+            return init
+        fields = self._fields_signature(klass, "pydantic")
+        named = [p for p in init.params if p.kind != "varkw"]
+        added = [p for p in fields.params if p.kind != "varkw" and init.param(p.name) is None]
+        extra = [p for p in init.params if p.kind == "varkw"] if not any(k.forbids_extra for k in self.mro(klass)) else []
+        return Signature([*named, *added, *extra])
 
     def _fields_signature(self, klass: Klass, kind: str) -> Signature:
         """Return the `__init__` synthesized from the fields of `klass` and its bases (base fields first; a
@@ -867,8 +1036,9 @@ class ApiModel:
         aliased = False
         for current in reversed(self.mro(klass)):
             own = " ".join(current.decorator_sources).replace(" ", "")
+            transformed = transform is not None and not _transform_source(current)  # a PEP 681 base's own fields are its own
             class_keyword_only = kind == "pydantic" or "kw_only=True" in own or (
-                "kw_only=False" not in own and transform is not None and "kw_only_default=True" in transform)
+                "kw_only=False" not in own and transformed and "kw_only_default=True" in transform)
             after_marker = False
             for name in current.field_order:
                 attribute = current.attributes[name]

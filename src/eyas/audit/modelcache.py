@@ -14,7 +14,7 @@ from eyas.audit.apimodel import Alias, Attribute, Function, Klass, Module
 from eyas.audit.signature import Param, Signature
 from eyas.files import write_text_atomic
 
-VERSION = 11  # bump when the model's shape changes
+VERSION = 12  # bump when the model's shape changes
 
 
 def _key(path: Path) -> str:
@@ -27,7 +27,9 @@ def _signature(raw: dict[str, Any]) -> Signature:
 
 
 def _function(raw: dict[str, Any]) -> Function:
-    return Function(**{**raw, "signature": _signature(raw["signature"])})
+    return Function(**{**raw, "signature": _signature(raw["signature"]),
+                       "sets_methods": {name: _signature(s) for name, s in raw["sets_methods"].items()},
+                       "takes_keywords": [tuple(pair) for pair in raw["takes_keywords"]]})
 
 
 def _member(raw: dict[str, Any]) -> Function | Klass | Attribute | Alias:

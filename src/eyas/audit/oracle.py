@@ -21,10 +21,12 @@ Callables without a live signature (C functions, builtins) are counted apart, as
 
 from __future__ import annotations
 
+import ast
 import dis
 import importlib
 import inspect
 import pkgutil
+import textwrap
 import types
 import warnings
 from dataclasses import dataclass, field
@@ -33,6 +35,7 @@ from typing import Any, Literal
 
 from eyas.audit.apimodel import ApiModel, Function, Klass
 from eyas.audit.signature import PARAMETER_KINDS, CallShape, Param, Signature, bind_problems
+from eyas.audit.wrappers import KeywordUse, keyword_use
 
 Verdict = Literal["matched", "mismatched", "unknown", "no_signature"]
 
@@ -83,20 +86,75 @@ def live_signature(obj: Any) -> Signature | None:
 
     The callable's own parameters decide; `__wrapped__` is followed only from a `(*args, **kwargs)` or
     `(self, *args, **kwargs)` wrapper (a `functools.wraps` decorator hands the call on: huggingface_hub's
-    `@strict` wraps every transformers config's `__init__` so). A function copied with
-    `update_wrapper` from a bound method (transformers' auto classes) has its own full parameters,
-    where `inspect` would follow `__wrapped__` to the bound method and drop one."""
+    `@strict` wraps every transformers config's `__init__` so). What the wrappers on that chain do with
+    their keywords (`eyas.audit.wrappers`, read from each wrapper's own source) is what a call binds at run
+    time, which `inspect` does not show: one that only reads them takes any keyword (huggingface_hub's
+    `accept_kwargs` `__init__`, transformers' `filter_out_non_signature_kwargs`), so the signature gets
+    `**kwargs`; one that takes a keyword out (`kwargs.pop(old)`, with the name its closure holds) binds it
+    too. A function copied with `update_wrapper` from a bound method (transformers' auto classes) has its
+    own full parameters, where `inspect` would follow `__wrapped__` to the bound method and drop one."""
     try:
         own = inspect.signature(obj, follow_wrapped=False)
-        kinds = [p.kind for p in own.parameters.values()]
-        if sorted(kinds[1:] if kinds[:1] == [inspect.Parameter.POSITIONAL_OR_KEYWORD] else kinds) == [
-                inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD] and hasattr(obj, "__wrapped__"):
+        uses: list[tuple[KeywordUse, types.FunctionType]] = []
+        if _star_wrapper(own) and hasattr(obj, "__wrapped__"):
+            uses = _keyword_uses(obj)
             own = inspect.signature(obj)
-        parameters = own.parameters.values()
+        parameters = list(own.parameters.values())
     except (ValueError, TypeError):
         return None
-    return Signature([Param(p.name, PARAMETER_KINDS[p.kind], None if p.default is inspect.Parameter.empty else "...")
-                      for p in parameters])
+    signature = Signature([Param(p.name, PARAMETER_KINDS[p.kind], None if p.default is inspect.Parameter.empty else "...")
+                           for p in parameters])
+    for use, wrapper in reversed(uses):  # the innermost wrapper first, as the call reaches the wrapped function
+        if use.only_reads and not signature.accepts_any_keyword:
+            signature = Signature([*signature.params, Param("kwargs", "varkw", None)])
+        taken = []
+        for old, new in use.takes:
+            if (name := _held_string(wrapper, old)) is not None:
+                taken.append((name, _held_string(wrapper, new) if new is not None else None))
+        signature = signature.with_taken_keywords(taken)
+    return signature
+
+
+def _star_wrapper(signature: inspect.Signature) -> bool:
+    """Return True for `(*args, **kwargs)` or `(self, *args, **kwargs)`."""
+    kinds = [p.kind for p in signature.parameters.values()]
+    rest = kinds[1:] if kinds[:1] == [inspect.Parameter.POSITIONAL_OR_KEYWORD] else kinds
+    return sorted(rest) == [inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD]
+
+
+def _keyword_uses(obj: Any) -> list[tuple[KeywordUse, types.FunctionType]]:
+    """Return how each `(*args, **kwargs)` wrapper on the `__wrapped__` chain of `obj` uses its keywords,
+    outermost first, read from the wrapper's own source; the chain ends at a wrapper without source."""
+    found = []
+    current = getattr(obj, "__func__", obj)
+    while hasattr(current, "__wrapped__") and inspect.isfunction(current) \
+            and _star_wrapper(inspect.signature(current, follow_wrapped=False)):
+        try:
+            tree = ast.parse(textwrap.dedent(inspect.getsource(current.__code__)))  # the code's, not `__wrapped__`'s
+        except (OSError, TypeError, SyntaxError):
+            break
+        node = next(n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)))
+        found.append((keyword_use(node), current))
+        current = getattr(current.__wrapped__, "__func__", current.__wrapped__)
+    return found
+
+
+def _held_string(wrapper: types.FunctionType, text: str) -> str | None:
+    """Return the string a wrapper's expression (a literal, or a name its closure or module holds) denotes."""
+    try:
+        value = ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+        cells = dict(zip(wrapper.__code__.co_freevars, wrapper.__closure__ or ()))
+        value = cells[text].cell_contents if text in cells and _filled(cells[text]) else wrapper.__globals__.get(text)
+    return value if isinstance(value, str) else None
+
+
+def _filled(cell: types.CellType) -> bool:
+    try:
+        cell.cell_contents
+    except ValueError:  # a cell not yet bound
+        return False
+    return True
 
 
 def live_constructor(klass: type) -> list[Signature] | None:
@@ -112,6 +170,8 @@ def live_constructor(klass: type) -> list[Signature] | None:
         return None  # Python refuses to instantiate a protocol, whatever the arguments
     if getattr(klass, "__signature__", None) is not None or type(klass).__call__ is not type.__call__:
         whole = live_signature(klass)
+        if whole is not None and _pydantic_takes_extra(klass) and not whole.accepts_any_keyword:
+            whole = Signature([*whole.params, Param("data", "varkw", None)])
         return [whole] if whole is not None else None
     found = []
     for name in ("__new__", "__init__"):
@@ -130,13 +190,27 @@ def live_constructor(klass: type) -> list[Signature] | None:
     return found or [Signature([])]
 
 
+def _pydantic_takes_extra(klass: type) -> bool:
+    """Return True for a pydantic model (v1 or v2) whose config does not forbid extra fields: a call binds any
+    keyword (ignored or kept), which the `__signature__` pydantic writes does not show."""
+    config = getattr(klass, "model_config", None)
+    if isinstance(config, dict) and hasattr(klass, "__pydantic_fields__"):
+        return config.get("extra") != "forbid"
+    config = getattr(klass, "__config__", None)
+    if config is not None and hasattr(klass, "__fields__"):
+        return str(getattr(getattr(config, "extra", None), "value", "ignore")) != "forbid"
+    return False
+
+
 def _calls_with_star_arguments(function: types.FunctionType) -> bool:
     """Return True when the compiled body makes a `f(*args, **kwargs)` call (it forwards what it got)."""
     return any(i.opname == "CALL_FUNCTION_EX" for i in dis.get_instructions(function))
 
 
 def _shape(signature: Signature) -> tuple[tuple[str, str, bool], ...]:
-    return tuple((p.name, p.kind, p.default is not None) for p in signature.params)
+    """Return what binding sees of a signature: names, kinds, defaulted-ness (a `*args`/`**kwargs` name
+    never binds, so it is not part of it)."""
+    return tuple(("" if p.kind in ("varpos", "varkw") else p.name, p.kind, p.default is not None) for p in signature.params)
 
 
 def binding_calls(live: Signature) -> list[CallShape]:
