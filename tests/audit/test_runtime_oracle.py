@@ -20,6 +20,7 @@ LIBRARY = {
                               "from .tool import tool  # rebinds the submodule's name\n__all__ = [*__all__, 'tool']\n"),
     "oraclelib/tool.py": "def tool(path, *, strict=False):\n    return path\n",
     "oraclelib/forms.py": '''
+import collections
 import dataclasses
 import enum
 import functools
@@ -34,7 +35,7 @@ FLAG = True
 __all__ = ["OwnInit", "Options", "Marked", "Ordered", "Colour", "Reader", "FileReader", "Model", "ModelField",
            "model", "Based", "BasedChild", "Meta", "Metaed", "wrapped", "forwarded", "Service", "Refusing",
            "Strict", "strict", "renamed", "renamed_open", "filtered", "Returns", "Lazy", "ConfigBase", "ChildConfig",
-           "old_name", "Aliased", "Id", "Switched"]
+           "old_name", "Aliased", "Id", "Switched", "Point", "fetch"]
 
 
 @dataclass
@@ -266,6 +267,22 @@ class Id(uuid.UUID):  # a standard-library base
     pass
 
 
+Point = collections.namedtuple("Point", "x, y", defaults=(0,))
+
+
+def retrying(function):  # vLLM's _sync_retry: sets the keyword itself
+    @functools.wraps(function)
+    def wrapper(*args, **kwargs):
+        kwargs["timeout"] = kwargs.get("timeout") or 1.0
+        return function(*args, **kwargs)
+    return wrapper
+
+
+@retrying
+def fetch(url, *, timeout):
+    return url
+
+
 if FLAG:
     class Switched:
         def __init__(self, a):
@@ -301,6 +318,8 @@ oraclelib.Aliased.make(1)
 oraclelib.Id(int=5)
 oraclelib.Switched(1)
 oraclelib.tool("p", strict=True)
+oraclelib.Point(1)
+oraclelib.fetch("u")
 oraclelib.forwarded(1, c=2)
 ''',
 }
@@ -335,6 +354,7 @@ def test_every_construction_form_matches_python(oraclelib: Path) -> None:
     assert verdicts["filtered"].live == "(a, b=..., **kwargs)" and verdicts["Returns.run"].live == "(a, *, return_tuple=None)"
     assert verdicts["Lazy"].live == "()" and verdicts["ChildConfig"].live == "(name=..., *, size=...)"
     assert verdicts["Switched"].live == "(a)" and verdicts["tool"].live == "(path, *, strict=...)"
+    assert verdicts["Point"].live == "(x, y=...)" and verdicts["fetch"].live == "(url, *, timeout=...)"
     assert verdicts["Model"].live == "(*, name, n=...)" and verdicts["Marked"].live == "(x, *, y=..., z=...)"
     assert fidelity.error_capable == []
 
@@ -350,7 +370,7 @@ def test_calls_that_bind_at_run_time_give_no_finding(oraclelib: Path, monkeypatc
     with pytest.raises(TypeError):
         importlib.import_module("oraclelib").forwarded(1, c=2)
     result = run_audit([oraclelib / "client"], str(oraclelib))
-    assert [(f.line, f.kind, f.symbol) for f in result.findings] == [(28, "call-mismatch", "oraclelib.forwarded")]
+    assert [(f.line, f.kind, f.symbol) for f in result.findings] == [(30, "call-mismatch", "oraclelib.forwarded")]
 
 
 @pytest.mark.parametrize("package", ["pydantic", "accelerate", "safetensors", "peft", "torch", "transformers"])

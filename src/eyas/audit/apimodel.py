@@ -16,6 +16,7 @@ import ast
 import enum
 import inspect
 import re
+import sys
 import sysconfig
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -32,9 +33,14 @@ DATACLASS_DECORATORS = {"dataclass", "dataclasses.dataclass", "pydantic.dataclas
                         "attrs.define", "attrs.frozen", "attrs.mutable", "attr.define", "attr.frozen", "define", "frozen"}
 _METHOD_DEF = re.compile(r"^[ \t]+(?:async[ \t]+)?def[ \t]+(\w+)", re.MULTILINE)
 _STAR_IMPORT = re.compile(r"^\s*from\s+(\.*)([\w.]*)\s+import\s+\*", re.MULTILINE)
+# transformers' lazy init: `define_import_structure(Path(__file__).parent / "models", ...)` -> "models"
+_IMPORT_STRUCTURE = re.compile(r"define_import_structure\(\s*Path\(__file__\)\.parent((?:\s*/\s*[\"']\w+[\"'])*)")
+_ALL_LIST = re.compile(r"^__all__\s*(?::[^=]*)?=\s*[\[(](.*?)[\])]", re.MULTILINE | re.DOTALL)
+_QUOTED_NAME = re.compile(r"[\"'](\w+)[\"']")
 FIELD_BASES = {"pydantic.BaseModel": "pydantic", "pydantic.main.BaseModel": "pydantic", "msgspec.Struct": "msgspec",
                "typing.NamedTuple": "namedtuple", "NamedTuple": "namedtuple"}
 STDLIB = Path(sysconfig.get_paths()["stdlib"])
+_EXTENSION_SUFFIXES = (".so", ".pyd")
 # What every class and instance has, whatever its source says (`x.__class__`, `Base.__init__`).
 OBJECT_MEMBERS = frozenset(dir(object)) | {"__dict__", "__module__", "__weakref__", "__annotations__"}
 
@@ -69,8 +75,8 @@ class Function:
     sets_methods: dict[str, Signature] = field(default_factory=dict)  # those set to a function it defines, with its signature
     return_shape: str | None = None  # what every `return` gives when all agree: "list of 1", "tuple of 2", "dict", "value"
     state_errors: list[str] = field(default_factory=list)  # messages it raises that name a call to make first
-    takes_keywords: list[tuple[str, str | None]] = field(default_factory=list)  # as a decorator whose wrapper takes
-    # keywords out of its `**kwargs`: (taken, renamed to), each a string literal or a parameter of the decorator
+    takes_keywords: list[tuple[str | None, str | None]] = field(default_factory=list)  # as a decorator whose wrapper
+    # takes keywords out of its `**kwargs` or sets them: (taken, renamed to) as `eyas.audit.wrappers` reads them
     decorator_sources: list[str] = field(default_factory=list)  # as written, arguments included
 
     @property
@@ -225,7 +231,7 @@ def _transform_source(klass: Klass) -> str | None:
     return next((s for s in klass.decorator_sources if "dataclass_transform" in s.split("(")[0]), None)
 
 
-def _taken_keywords(decorator: Function, source: str) -> list[tuple[str, str | None]] | None:
+def _taken_keywords(decorator: Function, source: str) -> list[tuple[str | None, str | None]] | None:
     """Return the (taken, renamed to) keyword names a `_wraps_as` "takes" decorator's wrapper handles, with
     the decorator's parameters bound to the string literals of its call as written (`source`:
     `deprecate_kwarg("past_key_values", "5.40.0", new_name="cache")`) or to their defaults; None when one is
@@ -253,22 +259,23 @@ def _taken_keywords(decorator: Function, source: str) -> list[tuple[str, str | N
             value = values.get(text)
         return value if isinstance(value, str) else None
 
-    taken = []
+    taken: list[tuple[str | None, str | None]] = []
     for old, new in decorator.takes_keywords:
-        name = name_of(old)
-        if name is None:
+        name, renamed = (name_of(old) if old is not None else None), (name_of(new) if new is not None else None)
+        if old is not None and name is None or new is not None and renamed is None:
             return None
-        taken.append((name, name_of(new) if new is not None else None))
+        taken.append((name, renamed))
     return taken
 
 
-def _wraps_as(node: ast.FunctionDef | ast.AsyncFunctionDef) -> tuple[str | None, list[tuple[str, str | None]]]:
+def _wraps_as(node: ast.FunctionDef | ast.AsyncFunctionDef) -> tuple[str | None, list[tuple[str | None, str | None]]]:
     """Return what a call of a function decorated by `node` binds against when `node` returns a nested
     `(*args, **kwargs)` or `(self, *args, **kwargs)` wrapper, and the keywords that wrapper takes out (`eyas.audit.wrappers`):
 
     - "anything": the wrapper never copies the wrapped signature (`functools.wraps`, `update_wrapper`);
     - "filters": it copies it, only reads its keywords and calls on with others: any keyword binds;
-    - "takes": it copies it and takes keywords out, perhaps renamed (transformers' `deprecate_kwarg`);
+    - "takes": it copies it and takes keywords out, perhaps renamed (transformers' `deprecate_kwarg`), or
+      sets some itself (vLLM's `_sync_retry` sets `timeout`);
     - "edits": it copies it but edits its keywords otherwise, or writes its own `__signature__`;
     - None: the decorated function's own signature decides."""
     inner = [n for n in ast.walk(node) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n is not node]
@@ -435,6 +442,11 @@ class _ModuleReader:
                 for handler in node.handlers:
                     self._body(handler.body, type_checking)
                 self._body(node.orelse, type_checking)
+            elif isinstance(node, (ast.For, ast.AsyncFor, ast.While)):  # a module-level loop's imports bind too
+                self._body(node.body, type_checking)
+                self._body(node.orelse, type_checking)
+            elif isinstance(node, (ast.With, ast.AsyncWith)):
+                self._body(node.body, type_checking)
             elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 if node.name == "__getattr__":
                     self.module.lazy_getattr = True
@@ -483,6 +495,9 @@ class _ModuleReader:
                 continue  # `X = decorate(X)`: X stays the class or function it was
             if node.value is not None and (bound := self._bound_function(node.value, f"{self.module.name}.{target.id}")):
                 self.module.members[target.id] = bound
+                continue
+            if isinstance(node.value, ast.Call) and (made := self._namedtuple(node.value, target.id, node.lineno)):
+                self.module.members[target.id] = made
                 continue
             value = _dotted(node.value) if node.value is not None else None
             if value and isinstance(node.value, (ast.Name, ast.Attribute)) and self.qualify(value) != value:
@@ -562,6 +577,27 @@ class _ModuleReader:
                             klass.methods[target.id] = bound  # `with_args = classmethod(_with_args)`
         return klass
 
+    def _namedtuple(self, call: ast.Call, name: str, lineno: int) -> Klass | None:
+        """Return the class a `collections.namedtuple("Name", fields, defaults=...)` call makes, its fields as
+        literals (a list or tuple of strings, or one string separated by spaces or commas); None otherwise."""
+        if (self.qualify(_dotted(call.func)) or "") not in ("collections.namedtuple", "namedtuple") or len(call.args) != 2:
+            return None
+        try:
+            fields = ast.literal_eval(call.args[1])
+            keywords = {k.arg: ast.literal_eval(k.value) for k in call.keywords if k.arg in ("defaults", "rename")}
+        except ValueError:
+            return None
+        names = fields.replace(",", " ").split() if isinstance(fields, str) else list(fields)
+        if keywords.get("rename") or not all(isinstance(n, str) for n in names):
+            return None
+        defaulted = len(keywords.get("defaults") or ())
+        klass = Klass(name, f"{self.module.name}.{name}", self.module.name, lineno, ["typing.NamedTuple", "tuple"], [])
+        for index, field_name in enumerate(names):
+            default = "..." if index >= len(names) - defaulted else None
+            klass.attributes[field_name] = Attribute(field_name, lineno, None, default, default is not None)
+            klass.field_order.append(field_name)
+        return klass
+
     def _bound_function(self, value: ast.expr, qualname: str, klass: Klass | None = None) -> Function | None:
         """Return the function an assignment binds when its value names one defined above (in the class body
         or the module) or applies decorators to one, each called with it alone (`f = deprecated("...")(g)`,
@@ -598,6 +634,7 @@ class ApiModel:
         self.roots, self.cache = [*roots, STDLIB], cache
         self._modules: dict[str, Module | None] = {}
         self._scans: dict[str, tuple[str, list[str]] | None] = {}
+        self._structures: dict[str, dict[str, str]] = {}  # lazy package -> name -> module its import structure names
         self._lookups: dict[str, Member | None] = {}
         self._mros: dict[str, list[Klass]] = {}
         self._defines: dict[tuple[str, str], bool] = {}
@@ -618,6 +655,22 @@ class ApiModel:
             if base.is_dir() and len(parts) > 1:  # a namespace package
                 return base, True
         return None
+
+    def unreadable(self, name: str) -> bool:
+        """Return True when module `name` exists without source the model reads: built into the interpreter,
+        a compiled extension (`.so`, `.pyd`), or in a package outside the model. False for a module with
+        source, and for one its own readable package does not have (transformers 4.57's TYPE_CHECKING
+        star-imports of misspelt modules, which nothing executes)."""
+        if self.find_file(name) is not None:
+            return False
+        if name in sys.builtin_module_names or self.find_file(name.split(".")[0]) is None:
+            return True
+        parent, _, last = name.rpartition(".")
+        for root in (*self.roots, STDLIB / "lib-dynload"):
+            folder = root.joinpath(*parent.split(".")) if parent else root
+            if folder.is_dir() and any(p.suffix in _EXTENSION_SUFFIXES for p in folder.glob(f"{last}.*")):
+                return True
+        return False
 
     def module(self, name: str) -> Module | None:
         """Return the module `name` (parsed on first use), or None when the package has no such module."""
@@ -693,7 +746,9 @@ class ApiModel:
                 if found is not None:
                     return found
             submodule = self.module(f"{owner.name}.{name}") if owner.is_package else None
-            if submodule is None and any(self.find_file(source) is None for source in owner.star_imports):
+            if submodule is None and owner.lazy_module and name in self._import_structure(owner):
+                return self.lookup(f"{self._import_structure(owner)[name]}.{name}", seen)
+            if submodule is None and any(self.unreadable(source) for source in owner.star_imports):
                 return Opaque(name)  # `from posix import *` (a module without source) may define anything
             return submodule
         if isinstance(owner, Klass):
@@ -845,8 +900,42 @@ class ApiModel:
         name = qualname.rpartition(".")[2]
         if scanned is not None and "define_import_structure" in scanned[0] and module.is_package:
             # transformers' structure from every module file of the package, not only those TYPE_CHECKING names
-            return any(name in (self._scan(f"{module.name}.{f.stem}") or ("", []))[0] for f in module.path.parent.glob("*.py"))
+            if any(name in (self._scan(f"{module.name}.{f.stem}") or ("", []))[0] for f in module.path.parent.glob("*.py")):
+                return True
+            return name in self._import_structure(module)
         return scanned is not None and name in scanned[0]
+
+    @staticmethod
+    def _literal_structure(module: Module) -> dict[str, str]:
+        """Return name -> submodule from a lazy package's literal `_import_structure = {"mxfp4": [...]}`."""
+        written = module.members.get("_import_structure")
+        try:
+            value = ast.literal_eval(written.default) if isinstance(written, Attribute) and written.default else None
+        except (ValueError, SyntaxError):
+            return {}
+        if not isinstance(value, dict):
+            return {}
+        return {name: f"{module.name}.{submodule}" for submodule, names in value.items() if isinstance(submodule, str)
+                and isinstance(names, (list, tuple)) for name in names if isinstance(name, str)}
+
+    def _import_structure(self, module: Module) -> dict[str, str]:
+        """Return, for a lazy package `module`, each name its import structure serves -> the module defining
+        it: its literal `_import_structure` dict, and every name an `__all__` lists in the files under the
+        directories it hands to `define_import_structure` (transformers' `models/`, walked at import time:
+        its TYPE_CHECKING imports may miss newer models). Empty for other modules; read once."""
+        if module.name not in self._structures:
+            structure = self._literal_structure(module)
+            scanned = self._scan(module.name) if module.is_package else None
+            for found in _IMPORT_STRUCTURE.finditer(scanned[0] if scanned is not None else ""):
+                directory = module.path.parent.joinpath(*_QUOTED_NAME.findall(found.group(1)))
+                for path in sorted(directory.rglob("*.py")):
+                    parts = path.relative_to(module.path.parent).with_suffix("").parts
+                    defining = ".".join((module.name, *parts)).removesuffix(".__init__")
+                    for listed in _ALL_LIST.findall(path.read_text(encoding="utf-8", errors="replace")):
+                        for name in _QUOTED_NAME.findall(listed):
+                            structure.setdefault(name, defining)
+            self._structures[module.name] = structure
+        return self._structures[module.name]
 
     def resolve_class(self, qualname: str) -> Klass | None:
         found = self.lookup(qualname)

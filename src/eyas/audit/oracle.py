@@ -96,7 +96,7 @@ def live_signature(obj: Any) -> Signature | None:
     try:
         own = inspect.signature(obj, follow_wrapped=False)
         uses: list[tuple[KeywordUse, types.FunctionType]] = []
-        if _star_wrapper(own) and hasattr(obj, "__wrapped__"):
+        if _star_wrapper(own, bound=inspect.ismethod(obj)) and hasattr(obj, "__wrapped__"):
             uses = _keyword_uses(obj)
             own = inspect.signature(obj)
         parameters = list(own.parameters.values())
@@ -107,18 +107,20 @@ def live_signature(obj: Any) -> Signature | None:
     for use, wrapper in reversed(uses):  # the innermost wrapper first, as the call reaches the wrapped function
         if use.only_reads and not signature.accepts_any_keyword:
             signature = Signature([*signature.params, Param("kwargs", "varkw", None)])
-        taken = []
+        taken: list[tuple[str | None, str | None]] = []
         for old, new in use.takes:
-            if (name := _held_string(wrapper, old)) is not None:
+            name = _held_string(wrapper, old) if old is not None else None
+            if old is None or name is not None:
                 taken.append((name, _held_string(wrapper, new) if new is not None else None))
         signature = signature.with_taken_keywords(taken)
     return signature
 
 
-def _star_wrapper(signature: inspect.Signature) -> bool:
-    """Return True for `(*args, **kwargs)` or `(self, *args, **kwargs)`."""
+def _star_wrapper(signature: inspect.Signature, bound: bool = False) -> bool:
+    """Return True for `(*args, **kwargs)`, or `(self, *args, **kwargs)` unless the signature is a bound
+    method's (its `self` already dropped: `(name, *args, **kwargs)` is then the method's own)."""
     kinds = [p.kind for p in signature.parameters.values()]
-    rest = kinds[1:] if kinds[:1] == [inspect.Parameter.POSITIONAL_OR_KEYWORD] else kinds
+    rest = kinds[1:] if kinds[:1] == [inspect.Parameter.POSITIONAL_OR_KEYWORD] and not bound else kinds
     return sorted(rest) == [inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD]
 
 
@@ -333,11 +335,18 @@ def package_fidelity(package: str, depth: int = 1, roots: list[Path] | None = No
                 except Exception:
                     continue
                 if not _belongs(obj, package) or id(obj) in seen or not (inspect.isclass(obj) or inspect.isfunction(obj)) \
-                        or "<locals>" in obj.__qualname__:  # made at run time (a lazy module's placeholder class)
+                        or _made_at_run_time(obj):
                     continue
                 seen.add(id(obj))
                 _compare_object(fidelity, model, f"{module_name}.{name}", obj)
     return fidelity
+
+
+def _made_at_run_time(obj: Any) -> bool:
+    """Return True for an object a function made, or a class built on one: a lazy module's placeholder for
+    a missing backend (transformers' `T5Tokenizer` without sentencepiece) and its subclasses stand for
+    this environment, not for the source."""
+    return any("<locals>" in k.__qualname__ for k in (obj.__mro__ if inspect.isclass(obj) else [obj]))
 
 
 def _compare_object(fidelity: Fidelity, model: ApiModel, qualname: str, obj: Any) -> None:

@@ -64,16 +64,17 @@ class Signature:
         return [(param, old) for param in self.params if (old := before.param(param.name)) is not None
                 and param.default is not None and old.default is not None and old.default != param.default]
 
-    def with_taken_keywords(self, taken: list[tuple[str, str | None]]) -> Signature:
+    def with_taken_keywords(self, taken: list[tuple[str | None, str | None]]) -> Signature:
         """Return the signature a wrapper that takes keywords out before calling this one binds: for each
         (taken, renamed to), `taken` binds as a keyword-only parameter with a default (placed before
-        `**kwargs`), and the parameter it is renamed to no longer has to be given."""
+        `**kwargs`), and the parameter it is renamed to no longer has to be given; (None, supplied) is a
+        keyword the wrapper sets itself, which no longer has to be given either."""
         params = list(self.params)
         for name, renamed in taken:
             target = next((i for i, p in enumerate(params) if p.name == renamed and p.kind not in ("varpos", "varkw")), None)
             if target is not None and params[target].required:
                 params[target] = Param(params[target].name, params[target].kind, "...", params[target].annotation)
-            if not any(p.name == name and p.kind not in ("varpos", "varkw") for p in params):
+            if name is not None and not any(p.name == name and p.kind not in ("varpos", "varkw") for p in params):
                 at = len(params) - (bool(params) and params[-1].kind == "varkw")
                 params.insert(at, Param(name, "kwonly", "None"))
         return Signature(params)

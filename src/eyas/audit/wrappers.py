@@ -9,7 +9,9 @@ depends on what the wrapper does with its `**kwargs` before calling on:
   drops the keywords the wrapped function does not name): any keyword binds;
 - takes keywords out (`kwargs.pop(old)`, `del kwargs[old]`), perhaps under a new name
   (`kwargs[new] = kwargs.pop(old)`: transformers' `deprecate_kwarg`): the taken keyword binds too, and a
-  call may give the old name instead of the new one.
+  call may give the old name instead of the new one;
+- supplies a keyword itself (`kwargs["timeout"] = ...`, `kwargs.setdefault(...)`: vLLM's retry wrappers):
+  a call need not give it.
 
 The API model (from the decorator's source) and the runtime oracle (from the live wrapper's source)
 read wrappers through this one module, so both describe the same run-time binding.
@@ -21,14 +23,15 @@ import ast
 from dataclasses import dataclass
 
 _READING_METHODS = {"get", "items", "keys", "values", "copy", "__contains__", "__getitem__"}
-_EDITING_METHODS = {"update", "setdefault", "clear", "popitem"}
+_EDITING_METHODS = {"update", "clear", "popitem"}
 
 
 @dataclass(frozen=True)
 class KeywordUse:
     hands_on: bool  # spreads its `**kwargs` into a call, or passes, returns or aliases the mapping
-    takes: tuple[tuple[str, str | None], ...]  # (taken, renamed to) as source text: a string literal or a name
-    other_edits: bool  # changes the mapping otherwise (update, setdefault, an assignment not from a pop)
+    takes: tuple[tuple[str | None, str | None], ...]  # (taken, renamed to) as source text: a string literal or a
+    # name; (None, supplied) for a keyword the wrapper sets itself
+    other_edits: bool  # changes the mapping otherwise (update, clear, popitem)
 
     @property
     def only_reads(self) -> bool:
@@ -54,6 +57,8 @@ def keyword_use(wrapper: ast.FunctionDef | ast.AsyncFunctionDef) -> KeywordUse:
             call = parents.get(parent)
             if parent.attr == "pop" and isinstance(call, ast.Call) and call.args:
                 takes.append((ast.unparse(call.args[0]), _renamed_to(call, parents, name)))
+            elif parent.attr == "setdefault" and isinstance(call, ast.Call) and call.args:
+                takes.append((None, ast.unparse(call.args[0])))
             elif parent.attr in _EDITING_METHODS:
                 other_edits = True
             elif parent.attr not in _READING_METHODS:
@@ -61,8 +66,8 @@ def keyword_use(wrapper: ast.FunctionDef | ast.AsyncFunctionDef) -> KeywordUse:
         elif isinstance(parent, ast.Subscript):
             if isinstance(parent.ctx, ast.Del):
                 takes.append((ast.unparse(parent.slice), None))
-            elif isinstance(parent.ctx, ast.Store):
-                other_edits = other_edits or not _is_rename_target(parent, parents, name)
+            elif isinstance(parent.ctx, ast.Store) and not _is_rename_target(parent, parents, name):
+                takes.append((None, ast.unparse(parent.slice)))
         elif isinstance(parent, ast.Compare) and all(isinstance(op, (ast.In, ast.NotIn)) for op in parent.ops):
             continue
         elif isinstance(parent, (ast.For, ast.comprehension)) and parent.iter is node:
