@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import json
 import math
 import os
@@ -128,6 +129,30 @@ def write_tree(root: Path, files: dict[str, str]) -> Path:
         (root / name).parent.mkdir(parents=True, exist_ok=True)
         (root / name).write_text(text)
     return root
+
+
+def importable_tree(root: Path, files: dict[str, str], packages: tuple[str, ...]) -> Iterator[Path]:
+    """Yield `root` with `files` written under it and importable (on `sys.path`); afterwards unimport
+    `packages` and take `root` off the path. For module-scoped fixtures of packages built by a test."""
+    write_tree(root, files)
+    sys.path.insert(0, str(root))
+    importlib.invalidate_caches()
+    yield root
+    sys.path.remove(str(root))
+    for name in [n for n in sys.modules if n.split(".")[0] in packages]:
+        del sys.modules[name]
+
+
+def prove_by_running(source: str, binding: int) -> None:
+    """Execute each line of `source` in one namespace: the first `binding` lines must run, every later
+    line must raise TypeError or AttributeError (the live truth an audit's findings are held to)."""
+    namespace: dict[str, object] = {}
+    lines = source.splitlines()
+    for line in lines[:binding]:
+        exec(line, namespace)
+    for line in lines[binding:]:
+        with pytest.raises((TypeError, AttributeError)):
+            exec(line, namespace)
 
 
 def write_jsonl(path: Path, records: Iterable[object]) -> Path:

@@ -8,12 +8,11 @@ still say a name nobody serves does not exist, and the oracle must compare what 
 
 from __future__ import annotations
 
-import importlib
-import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import write_tree
+from conftest import importable_tree, prove_by_running
 
 from eyas.audit.oracle import package_fidelity
 from eyas.audit.run import run_audit
@@ -161,14 +160,8 @@ quant.quantize(5, scale=2)
 
 
 @pytest.fixture(scope="module")
-def lazylib(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = write_tree(tmp_path_factory.mktemp("lazy"), LAZY)
-    sys.path.insert(0, str(root))
-    importlib.invalidate_caches()
-    yield root
-    sys.path.remove(str(root))
-    for name in [n for n in sys.modules if n.split(".")[0] == "lazylib"]:
-        del sys.modules[name]
+def lazylib(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    yield from importable_tree(tmp_path_factory.mktemp("lazy"), LAZY, ("lazylib",))
 
 
 def test_what_the_lazy_module_serves_matches_python(lazylib: Path) -> None:
@@ -186,13 +179,7 @@ def test_what_the_lazy_module_serves_matches_python(lazylib: Path) -> None:
 def test_calls_bind_as_at_run_time_and_a_name_nobody_serves_is_missing(lazylib: Path, tmp_path: Path,
                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("EYAS_CACHE", str(tmp_path / "cache"))
-    lines = LAZY["client/use.py"].splitlines()
-    namespace: dict[str, object] = {}
-    for line in lines[:10]:  # these bind: executed here as proof
-        exec(line, namespace)
-    for line in lines[10:]:
-        with pytest.raises((TypeError, AttributeError)):
-            exec(line, namespace)
+    prove_by_running(LAZY["client/use.py"], binding=10)
     result = run_audit([lazylib / "client"], str(lazylib))
     assert [(f.line, f.kind, f.symbol) for f in result.findings] == [
         (11, "call-mismatch", "lazylib.NewConfig"), (12, "missing-attribute", "lazylib.NotServed"),

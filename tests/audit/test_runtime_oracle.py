@@ -6,11 +6,11 @@ wrong error; the fixture forms must all match; and calls that bind at run time g
 from __future__ import annotations
 
 import importlib
-import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import write_tree
+from conftest import importable_tree
 
 from eyas.audit.oracle import package_fidelity
 from eyas.audit.run import run_audit
@@ -326,14 +326,8 @@ oraclelib.forwarded(1, c=2)
 
 
 @pytest.fixture(scope="module")
-def oraclelib(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = write_tree(tmp_path_factory.mktemp("oracle"), LIBRARY)
-    sys.path.insert(0, str(root))
-    importlib.invalidate_caches()
-    yield root
-    sys.path.remove(str(root))
-    for name in [n for n in sys.modules if n.split(".")[0] == "oraclelib"]:
-        del sys.modules[name]
+def oraclelib(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    yield from importable_tree(tmp_path_factory.mktemp("oracle"), LIBRARY, ("oraclelib",))
 
 
 def test_every_construction_form_matches_python(oraclelib: Path) -> None:

@@ -18,6 +18,7 @@ import inspect
 import re
 import sys
 import sysconfig
+from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Union
@@ -399,6 +400,25 @@ def _forwards(node: ast.FunctionDef | ast.AsyncFunctionDef) -> bool:
     return False
 
 
+def _changes_all(node: ast.stmt) -> bool:
+    """Return True for a statement that changes `__all__` in place: `__all__ += ...`, `__all__.extend(...)`."""
+    if isinstance(node, ast.AugAssign):
+        return isinstance(node.target, ast.Name) and node.target.id == "__all__"
+    return (isinstance(node, ast.Expr) and isinstance(node.value, ast.Call) and isinstance(node.value.func, ast.Attribute)
+            and isinstance(node.value.func.value, ast.Name) and node.value.func.value.id == "__all__")
+
+
+def _literal_all(text: str) -> set[str] | None:
+    """Return the names of a module's `__all__` when its source assigns it once, as a literal list or tuple
+    of strings, and never changes it; None when `__all__` is absent or built otherwise."""
+    if text.count("__all__") != 1:
+        return None
+    found = _ALL_LIST.search(text)
+    if found is None or not re.fullmatch(r"[\s,]*(?:(?:[\"']\w+[\"']|#[^\n]*)[\s,]*)*", found.group(1)):
+        return None
+    return set(_QUOTED_NAME.findall(found.group(1)))
+
+
 class _ModuleReader:
     """Turns one module's AST into a `Module`."""
 
@@ -458,6 +478,19 @@ class _ModuleReader:
                                                         for t in node.targets):
                     self.module.lazy_module = True
                 self._assign(node)
+            elif _changes_all(node):
+                self._extend_all(node)
+
+    def _extend_all(self, node: ast.stmt) -> None:
+        """`__all__ += [...]` with literal names adds them; any other change (`.extend(x)`, `+= other.__all__`)
+        leaves what a star import takes unknown."""
+        added = None
+        if isinstance(node, ast.AugAssign) and isinstance(node.op, ast.Add):
+            try:
+                added = [str(v) for v in ast.literal_eval(node.value)]
+            except ValueError:
+                added = None
+        self.module.all = self.module.all + added if self.module.all is not None and added is not None else None
 
     def _import(self, node: ast.Import | ast.ImportFrom) -> None:
         members = self.module.members
@@ -734,20 +767,23 @@ class ApiModel:
                 return self._follow(member.target, seen)
             if member is not None:
                 return member
+            if owner.lazy_module and name in self._import_structure(owner):
+                # a `_LazyModule` serves its import structure and submodules; its star imports run only for type checkers
+                return self.lookup(f"{self._import_structure(owner)[name]}.{name}", seen)
+            if owner.lazy_module and owner.is_package and (submodule := self.module(f"{owner.name}.{name}")) is not None:
+                return submodule
             for source in owner.star_imports:  # `from .quantize import *` rebinds the submodule's name `quantize`
                 if (source, name) not in self._defines:
                     self._defines[(source, name)] = self._could_define(source, name, set())
                 if not self._defines[(source, name)]:
                     continue  # a text search spares parsing the hundreds of modules a package star-imports
                 exporting = self.module(source)
-                if exporting is not None and exporting.all is not None and name not in exporting.all:
-                    continue  # `from m import *` takes only what m's __all__ lists
+                if exporting is not None and (name not in exporting.all if exporting.all is not None else name.startswith("_")):
+                    continue  # `from m import *` takes only what m's __all__ lists, else only names without "_"
                 found = self.lookup(f"{source}.{name}", seen)
                 if found is not None:
                     return found
             submodule = self.module(f"{owner.name}.{name}") if owner.is_package else None
-            if submodule is None and owner.lazy_module and name in self._import_structure(owner):
-                return self.lookup(f"{self._import_structure(owner)[name]}.{name}", seen)
             if submodule is None and any(self.unreadable(source) for source in owner.star_imports):
                 return Opaque(name)  # `from posix import *` (a module without source) may define anything
             return submodule
@@ -827,8 +863,9 @@ class ApiModel:
         return first
 
     def _could_define(self, module: str, name: str, visited: set[str]) -> bool:
-        """Return False when the source of `module` (and of what it star-imports) never contains `name`
-        (a substring test: a false hit only costs a parse)."""
+        """Return False when `from module import *` cannot bind `name`: its literal `__all__` does not list it,
+        or its source (and that of what it star-imports) never spells it as a word (a text test: a false hit
+        only costs a parse)."""
         if module in visited:
             return False
         visited.add(module)
@@ -836,7 +873,11 @@ class ApiModel:
         if scanned is None:
             return self.find_file(module) is not None
         text, star_sources = scanned
-        return name in text or any(self._could_define(source, name, visited) for source in star_sources)
+        listed = _literal_all(text)
+        if listed is not None:
+            return name in listed  # `from m import *` takes exactly what a literal `__all__` lists
+        return (name in text and re.search(rf"\b{re.escape(name)}\b", text) is not None  # a binding spells it as a word
+                or any(self._could_define(source, name, visited) for source in star_sources))
 
     def _scan(self, module: str) -> tuple[str, list[str]] | None:
         """Return a module's source text and the modules it star-imports (read once, not parsed)."""
@@ -855,10 +896,10 @@ class ApiModel:
                 self._scans[module] = (text, sources)
         return self._scans[module]
 
-    def classes_defining(self, method: str, package: str) -> list[str]:
-        """Return the qualified names of the classes of `package` whose body defines method `method` (found by
-        a text index of every `def` indented in a class, built once per model; only the files naming it are
-        parsed)."""
+    def classes_defining(self, method: str, package: str) -> Iterator[str]:
+        """Yield the qualified names of the classes of `package` whose body defines method `method` (found by
+        a text index of every `def` indented in a class, built once per model; a module naming it is loaded
+        only when the caller asks for more classes)."""
         if package not in self._method_index:
             index: dict[str, set[str]] = {}
             found = self.find_file(package)
@@ -869,13 +910,11 @@ class ApiModel:
                 for name in set(_METHOD_DEF.findall(text)):
                     index.setdefault(name, set()).add(module)
             self._method_index[package] = index
-        classes = []
         for module_name in sorted(self._method_index[package].get(method, ())):
             module = self.module(module_name)
             for member in (module.members.values() if module is not None else ()):
                 if isinstance(member, Klass) and member.module == module_name and method in member.methods:
-                    classes.append(member.qualname)
-        return classes
+                    yield member.qualname
 
     def find_parsed(self, name: str, package: str) -> str | None:
         """Return where an already-parsed module of `package` defines `name` (a moved definition), or None."""

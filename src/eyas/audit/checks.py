@@ -9,6 +9,7 @@ from __future__ import annotations
 import difflib
 import re
 from dataclasses import asdict, dataclass
+from itertools import islice
 
 from eyas.audit.apimodel import ApiModel, Attribute, Function, Klass, Module
 from eyas.audit.signature import CallShape, Signature, bind_problems
@@ -394,15 +395,14 @@ class Checker:
         baseline (a name the client defines itself, or a builtin container's method, proves nothing)."""
         if self.baseline is None:
             return
+        gone_from: dict[str, list[tuple[str, str]]] = {}  # member -> (class, likely replacement); one search per name
         for usage in usages:
             member: str = usage.member  # type: ignore[assignment]
             if member in defined or member in _BUILTIN_METHODS or member.startswith("__"):
                 continue
-            candidates = [(q, r) for q in sorted(classes) if (r := self._gone(q, member)) is not None]
-            if not candidates:
-                owners = [q for package in sorted(packages) for q in self.baseline.classes_defining(member, package)]
-                if len(owners) == 1 and (replacement := self._gone(owners[0], member)) is not None:
-                    candidates = [(owners[0], replacement)]
+            if member not in gone_from:
+                gone_from[member] = self._gone_from(member, classes, packages)
+            candidates = gone_from[member]
             if candidates:
                 names = ", ".join(c for c, _ in candidates)
                 replacement = next((r for _, r in candidates if r), None)
@@ -410,6 +410,18 @@ class Checker:
                          f"{member}() is called on {usage.target} (type unknown here); {names} had it in the "
                          "baseline and no longer " + ("has" if len(candidates) == 1 else "have") + " it",
                          fix=f"likely replacement: {replacement}" if replacement else None)
+
+    def _gone_from(self, member: str, classes: set[str], packages: set[str]) -> list[tuple[str, str]]:
+        """Return (class, likely replacement) for the client's package classes that lost `member`, else for the
+        one baseline class of `packages` that defined it (empty when none did, or two or more)."""
+        candidates = [(q, r) for q in sorted(classes) if (r := self._gone(q, member)) is not None]
+        if candidates:
+            return candidates
+        owners = list(islice((q for package in sorted(packages)  # a second owner is enough to say "not unique"
+                              for q in self.baseline.classes_defining(member, package)), 2))  # type: ignore[union-attr]
+        if len(owners) == 1 and (replacement := self._gone(owners[0], member)) is not None:
+            return [(owners[0], replacement)]
+        return []
 
     def _gone(self, qualname: str, member: str) -> str | None:
         """Return the likely replacement ("" when none) when class `qualname` had `member` in the baseline and

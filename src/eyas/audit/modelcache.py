@@ -14,7 +14,7 @@ from eyas.audit.apimodel import Alias, Attribute, Function, Klass, Module
 from eyas.audit.signature import Param, Signature
 from eyas.files import write_text_atomic
 
-VERSION = 13  # bump when the model's shape changes
+VERSION = 14  # bump when the model's shape changes
 
 
 def _key(path: Path) -> str:
