@@ -25,7 +25,7 @@ from eyas.models.layers import Convention
 FLOAT32_MAX = 3.4028234663852886e38  # AdamW scales float32 weights by lr and weight decay: larger cannot be applied
 AUTO_HELP = "auto: bfloat16 where the device computes it natively (CUDA with bf16, a CPU with AVX-512-BF16 or AMX), else float32"
 
-DEFAULT_TREE = "5,4,16"  # eval's decoding shape when neither a chain nor a tree is given
+DEFAULT_TREE = "5,4,16"  # the tree eval's help and the demo's tree pass suggest
 STAGE_NAMES = ("demo", "prepare", "regenerate", "extract", "train", "eval", "export", "import", "check-draft")
 
 
@@ -185,9 +185,17 @@ class EvalConfig(StageConfig):
         json_schema_extra=DECIDES
     )
     out: Path = Field(description="report directory: report.json, acceptance.png")
-    chain: PositiveInt | None = Field(None, description="draft a chain of this many tokens", json_schema_extra=DECIDES)
-    tree: str | None = Field(None, description=f"EAGLE-2 dynamic tree DEPTH,TOPK,TOTAL (default {DEFAULT_TREE} "
-                                               "unless --chain)", json_schema_extra=DECIDES)
+    shape: Literal["auto"] | None = Field(
+        None, description="auto (the default unless --chain or --tree): per round, a draft chain and a prompt-lookup "
+                          "branch of the lengths the measured costs and the acceptance so far pay for, down to none",
+        json_schema_extra=DECIDES)
+    max_chain: int = Field(8, ge=0, le=32, description="auto: draft chains of at most this many tokens (0: lookup only)",
+                           json_schema_extra=DECIDES)
+    lookup: int = Field(10, ge=0, le=64, description="auto: prompt-lookup branches of at most this many tokens (0: draft only)",
+                        json_schema_extra=DECIDES)
+    chain: PositiveInt | None = Field(None, description="draft a fixed chain of this many tokens", json_schema_extra=DECIDES)
+    tree: str | None = Field(None, description="a fixed EAGLE-2 dynamic tree DEPTH,TOPK,TOTAL (e.g. "
+                                               f"{DEFAULT_TREE})", json_schema_extra=DECIDES)
     temperature: float = Field(0.0, ge=0, description="0: greedy (lossless: the target's own greedy output)", json_schema_extra=DECIDES)
     top_p: float = Field(1.0, gt=0, le=1, description="nucleus sampling mass", json_schema_extra=DECIDES)
     top_k: int = Field(0, ge=0, description="keep the k most likely tokens (0: all)", json_schema_extra=DECIDES)

@@ -105,8 +105,21 @@ def print_eval_report(out: Path, report: EvalReport) -> None:
     table.add_column(style="bold")
     table.add_column(justify="right")
     table.add_row("tau (pooled, accepted + 1 per target forward)", f"{report.tau:.2f}")
-    for i, share in enumerate(report.per_position_acceptance, 1):
+    shares = list(report.per_position_acceptance)
+    while report.auto is not None and shares and shares[-1] == 0:  # auto: depths no round reached
+        shares.pop()
+    for i, share in enumerate(shares, 1):
         table.add_row(f"  accepted at draft position {i}", f"{share:.1%}")
+    if report.auto is not None:
+        chosen = report.auto
+        rounds = sum(chosen.draft_length_counts.values())
+        table.add_row("  rounds that verified nothing drafted (plain steps)", f"{chosen.plain_rounds:,} / {rounds:,}")
+        table.add_row("  draft chain lengths chosen (length: rounds)",
+                      ", ".join(f"{k}: {n}" for k, n in chosen.draft_length_counts.items()))
+        table.add_row("  lookup branch lengths chosen (length: rounds)",
+                      ", ".join(f"{k}: {n}" for k, n in chosen.lookup_length_counts.items()))
+        table.add_row("  accepted tokens from the lookup branch alone",
+                      f"{chosen.accepted_from_lookup:,} / {chosen.accepted_tokens:,}")
     table.add_row("target forwards: speculative / target alone", f"{report.target_forwards:,} / "
                   f"{report.baseline_target_forwards:,}")
     table.add_row("tokens/s speculative", f"{report.tokens_per_s:.1f}")

@@ -2,7 +2,9 @@
 
 Greedy: the output equals transformers' own greedy `generate` token for token, for chains and
 trees of several shapes, with an EOS inside an accepted run and at max-length edges (and the
-draft is accepted often enough that multi-token commits are exercised). Sampling: the joint
+draft is accepted often enough that multi-token commits are exercised), and for the cost-aware
+auto shape under costs that make drafting pay (a flat verification cost, as on a GPU), make only the
+lookup branch pay, or make nothing pay, and under the costs measured here. Sampling: the joint
 distribution of the first three tokens (the 2nd and 3rd come out of speculative rounds) matches
 the target's exact distribution under temperature and top-k, by a chi-square test.
 """
@@ -16,8 +18,10 @@ import pytest
 import torch
 from conftest import chi_square_p_value
 
+from eyas.decode.costs import RoundCosts
 from eyas.decode.decoder import Decoder
 from eyas.decode.drafting import TreeShape
+from eyas.decode.policy import AutoShape
 from eyas.decode.sampling import Sampling
 from eyas.decode.verify import Verdict
 from eyas.draft.model import Eagle3Draft, load_draft
@@ -180,5 +184,95 @@ def test_the_check_catches_a_wrong_residual(pair, monkeypatch: pytest.MonkeyPatc
     expected = exact_joint(parts, prompt, sampling, 3)
     monkeypatch.setattr("eyas.decode.decoder.accept_sampled_chain", wrong_chain_verifier)
     decoder = Decoder(parts, overconfident(draft), TreeShape.chain_of(3), sampling, set(), seed=7)
+    observed, _, _ = sample_joint(decoder, prompt, 1200)
+    assert joint_p_value(observed, expected) < 1e-4
+
+
+FLAT = RoundCosts(verify_base=1.0, verify_per_token=0.0, draft_step=0.0)  # verifying more is free: draft the most
+COSTLY = RoundCosts(verify_base=1.0, verify_per_token=10.0, draft_step=10.0)  # nothing drafted pays
+NO_DRAFT_STEP = RoundCosts(verify_base=1.0, verify_per_token=0.0, draft_step=100.0)  # lookup pays, drafting not
+
+
+@pytest.mark.parametrize(("costs", "shape"), [(FLAT, AutoShape(6, 8)), (FLAT, AutoShape(6, 0)), (FLAT, AutoShape(0, 8)),
+                                              (COSTLY, AutoShape()), (NO_DRAFT_STEP, AutoShape()), (None, AutoShape())],
+                         ids=["flat", "flat-draft-only", "flat-lookup-only", "costly", "lookup-pays", "measured"])
+def test_greedy_auto_output_is_the_targets_own(pair, costs: RoundCosts | None, shape: AutoShape) -> None:
+    parts, draft, prompts = pair
+    decoder = Decoder(parts, draft if shape.max_chain else None, shape, Sampling(), set(), costs=costs)
+    drafted, looked_up, accepted, from_lookup = [], [], [], []
+    for prompt in prompts:
+        generated = decoder.generate(prompt, NEW_TOKENS)
+        assert generated.tokens == hf_greedy(parts, prompt, NEW_TOKENS, None), prompt
+        assert generated.target_forwards == 1 + len(generated.accepted) == 1 + len(generated.drafted)
+        drafted += generated.drafted
+        looked_up += generated.looked_up
+        accepted += generated.accepted
+        from_lookup += generated.from_lookup
+    assert all(a <= max(k, n) for a, k, n in zip(accepted, drafted, looked_up))
+    assert max(drafted) <= shape.max_chain and max(looked_up) <= shape.lookup
+    if costs is COSTLY:  # only the probes: one round in PROBE_EVERY + 1 at most, of one token
+        assert set(drafted) <= {0, 1} and sum(map(bool, drafted)) <= len(drafted) // 17 + 1
+    if costs is NO_DRAFT_STEP:
+        assert set(drafted) <= {0, 1} and max(looked_up) == shape.lookup and sum(from_lookup) > 0
+    if costs is FLAT and shape.max_chain:
+        assert min(drafted) == shape.max_chain  # the most tokens per (flat-cost) forward
+        assert 1 + sum(accepted) / len(accepted) > 1.35  # the learned draft's tokens were accepted
+    if costs is FLAT and shape.lookup:
+        assert sum(from_lookup) > 0 and max(looked_up) == shape.lookup
+    if costs is FLAT and not shape.lookup:
+        assert sum(from_lookup) == 0
+
+
+def test_the_measured_costs_are_sane_and_kept(pair) -> None:
+    parts, draft, prompts = pair
+    decoder = Decoder(parts, draft, AutoShape(), Sampling(), set())
+    decoder.generate(prompts[0], 4)
+    costs = decoder.costs
+    assert costs is not None and costs.verify(1) > 0 and costs.verify_per_token >= 0 and costs.draft_step > 0
+    decoder.generate(prompts[1], 4)
+    assert decoder.costs is costs  # measured once per decoder
+
+
+def repeating(parts: TargetParts, prompt: list[int]) -> list[int]:
+    """Return `prompt`, its greedy continuation of 12 tokens, and `prompt` again."""
+    return prompt + hf_greedy(parts, prompt, 12, None) + prompt
+
+
+@pytest.mark.parametrize("shape", [AutoShape(3, 3), AutoShape(0, 3)], ids=["draft-and-lookup", "lookup-only"])
+def test_sampling_with_the_auto_shape_preserves_the_targets_distribution(pair, shape: AutoShape) -> None:
+    """A prompt that repeats itself and its greedy continuation gives the lookup branch candidates the
+    target often takes; the flat costs make every round verify the longest chain and branch: the first
+    three tokens still follow the target's exact distribution."""
+    parts, draft, prompts = pair
+    sampling = Sampling(temperature=2.0, top_k=5)
+    prompt = repeating(parts, prompts[0])
+    expected = exact_joint(parts, prompt, sampling, 3)
+    decoder = Decoder(parts, overconfident(draft) if shape.max_chain else None, shape, sampling, set(), seed=7, costs=FLAT)
+    observed, accepted, rejected = sample_joint(decoder, prompt, 1200)
+    assert accepted > 100 and rejected > 100
+    assert joint_p_value(observed, expected) > 1e-3
+
+
+def wrong_tree_verifier(tree, target_probs, generator):  # noqa: ANN001, ANN201 - mirrors accept_sampled_tree
+    """accept_sampled_tree with a classic bug: a rejected candidate stays in p, so it can be drawn again."""
+    accepted, node, row = [], -1, 0
+    while True:
+        p = target_probs[row]
+        for child in tree.children(node):
+            if float(torch.rand((), generator=generator)) < float(p[int(tree.tokens[child])]):
+                accepted.append(child)
+                node, row = child, child + 1
+                break
+        else:
+            return Verdict(accepted, int(torch.multinomial(p, 1, generator=generator)))
+
+
+def test_the_auto_check_catches_a_wrong_tree_verifier(pair, monkeypatch: pytest.MonkeyPatch) -> None:
+    parts, draft, prompts = pair
+    sampling = Sampling(temperature=2.0, top_k=5)
+    prompt = repeating(parts, prompts[0])
+    expected = exact_joint(parts, prompt, sampling, 3)
+    monkeypatch.setattr("eyas.decode.decoder.accept_sampled_tree", wrong_tree_verifier)
+    decoder = Decoder(parts, overconfident(draft), AutoShape(3, 3), sampling, set(), seed=7, costs=FLAT)
     observed, _, _ = sample_joint(decoder, prompt, 1200)
     assert joint_p_value(observed, expected) < 1e-4

@@ -62,6 +62,28 @@ def test_report_figures_png_and_resume(learned: dict[str, Path], prompts: Path, 
     assert other.code == 2 and "holds an eyas eval report made from other inputs or settings" in other.err
 
 
+def test_auto_is_the_default_shape_and_reports_its_choices(learned: dict[str, Path], prompts: Path, run_cli,
+                                                           tmp_path: Path) -> None:
+    out = tmp_path / "report"
+    result = run_cli(*eval_args(learned, prompts, out))
+    assert result.code == 0, result.err
+    assert "rounds that verified nothing drafted" in result.out and "draft chain lengths chosen" in result.out
+    report = json.loads((out / "report.json").read_text())
+    assert report["decoding"] == "auto (chain <= 8, lookup <= 10)" and report["same_as_baseline"] == 5
+    lines = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+    drafted = [k for line in lines for k in line["drafted"]]
+    looked_up = [n for line in lines for n in line["looked_up"]]
+    rounds = [a for line in lines for a in line["accepted"]]
+    assert len(drafted) == len(looked_up) == len(rounds) == report["target_forwards"] - 5  # a prefill per prompt
+    auto = report["auto"]
+    assert sum(auto["draft_length_counts"].values()) == len(rounds)
+    assert auto["plain_rounds"] == sum(k + n == 0 for k, n in zip(drafted, looked_up))
+    assert auto["accepted_tokens"] == sum(rounds) and auto["accepted_from_lookup"] <= sum(rounds)
+    assert all(a <= max(k, n) for a, k, n in zip(rounds, drafted, looked_up))  # nothing accepted that was not verified
+    assert auto["costs"]["verify_per_token"] >= 0 and auto["costs"]["draft_step"] > 0
+    assert len(report["per_position_acceptance"]) == 10
+
+
 def one_line_error(result) -> str:  # noqa: ANN001 - conftest's CliResult
     assert result.code == 2, (result.code, result.err)
     assert result.err.count("\n") == 1 and "Traceback" not in result.err, result.err
@@ -107,7 +129,9 @@ def test_a_draft_for_another_target_is_refused(learned: dict[str, Path], prompts
 @pytest.mark.parametrize(("extra", "message"), [
     (["--tree", "5,4"], "tree: '5,4': expected DEPTH,TOPK,TOTAL"),
     (["--tree", "5,0,16"], "tree: '5,0,16': expected DEPTH,TOPK,TOTAL"),
-    (["--chain", "3", "--tree", "5,4,16"], "give --chain K or --tree DEPTH,TOPK,TOTAL, not both"),
+    (["--chain", "3", "--tree", "5,4,16"], "give one decoding shape, not --chain and --tree"),
+    (["--shape", "auto", "--chain", "3"], "give one decoding shape, not --shape auto and --chain"),
+    (["--max-chain", "0", "--lookup", "0"], "--shape auto with --max-chain 0 and --lookup 0 has nothing to draft"),
 ])
 def test_bad_shapes_are_refused(learned: dict[str, Path], prompts: Path, run_cli, tmp_path: Path, extra: list[str],
                                 message: str) -> None:

@@ -10,6 +10,13 @@ token `x_{t+1}`. A node at depth d is drafted by an anchor at position `m-1+d` w
 its parent's anchor output (the training-time-test layout, docs/train.md).
 
 `Decoder(draft=None)` is the same loop without a draft: one target forward per token.
+
+With `AutoShape` (eyas.decode.policy) each round verifies a greedy draft chain and a
+prompt-lookup branch (eyas.decode.lookup) of lengths a cost model chooses, down to none (a plain
+target step). While no draft is verified, the draft does not read the committed tokens: their
+anchors wait, and are read in one forward when drafting resumes. The candidates are fixed given
+the context (top-1 draft tokens, looked-up tokens), so under sampling the tree verifier keeps the
+target's distribution exactly.
 """
 
 from __future__ import annotations
@@ -19,10 +26,13 @@ from dataclasses import dataclass, field
 
 import torch
 
-from eyas.decode.drafting import TreeDrafter, TreeShape
-from eyas.decode.runners import DraftRunner, TargetRunner
+from eyas.decode.costs import RoundCosts, measure_costs
+from eyas.decode.drafting import TreeDrafter, TreeShape, draft_chain, target_ids_of
+from eyas.decode.lookup import PromptLookup
+from eyas.decode.policy import AutoShape, ShapePolicy
+from eyas.decode.runners import DraftRunner, DraftStep, TargetRunner, TargetStep
 from eyas.decode.sampling import Sampling
-from eyas.decode.tree import DraftTree
+from eyas.decode.tree import DraftTree, chain_union, is_chain
 from eyas.decode.verify import Verdict, accept_greedy, accept_sampled_chain, accept_sampled_tree
 from eyas.draft.model import Eagle3Draft
 from eyas.models.capture import FeatureCapture
@@ -36,24 +46,67 @@ class Generation:
     `accepted[r]`: draft tokens accepted in verification round r (each round is one target
     forward and commits `accepted[r] + 1` tokens); the prefill forward, which produces the first
     token, is not a round. `seconds`: wall time of the whole generation, prefill included.
+    With `AutoShape`, per round: `drafted` draft tokens and `looked_up` lookup tokens verified,
+    `from_lookup` of the accepted tokens proposed by the lookup branch alone.
     """
 
     tokens: list[int]
     accepted: list[int] = field(default_factory=list)
+    drafted: list[int] = field(default_factory=list)
+    looked_up: list[int] = field(default_factory=list)
+    from_lookup: list[int] = field(default_factory=list)
     target_forwards: int = 0
     draft_forwards: int = 0
     seconds: float = 0.0
 
 
-class Decoder:
-    """Generates with the target alone (`draft=None`) or speculatively with an EAGLE-3 draft."""
+class _PendingAnchors:
+    """Draft anchors whose target features are known and that the draft has not read yet."""
 
-    def __init__(self, parts: TargetParts, draft: Eagle3Draft | None, shape: TreeShape | None, sampling: Sampling,
-                 eos_ids: set[int], seed: int = 0) -> None:
+    def __init__(self) -> None:
+        self.aux: list[torch.Tensor] = []  # [r, A*H_t] each
+        self.tokens: list[int] = []
+        self.positions: list[int] = []
+
+    def add(self, aux: torch.Tensor, tokens: list[int], first_position: int) -> None:
+        """Queue anchors reading `aux [r, A*H_t]` and the next tokens `tokens [r]`, from `first_position` on."""
+        self.aux.append(aux)
+        self.tokens += tokens
+        self.positions += range(first_position, first_position + len(tokens))
+
+    def read(self, drafter: DraftRunner) -> DraftStep:
+        """Run the queued anchors through the draft (one forward) and return its output; the queue empties."""
+        step = drafter.forward(drafter.fuse(torch.cat(self.aux)), torch.tensor(self.tokens), torch.tensor(self.positions))
+        self.aux, self.tokens, self.positions = [], [], []
+        return step
+
+
+def _matched(proposed: list[int], committed: list[int]) -> int:
+    """Return how many leading tokens of `proposed` the round committed."""
+    count = 0
+    for want, got in zip(proposed, committed):
+        if want != got:
+            break
+        count += 1
+    return count
+
+
+class Decoder:
+    """Generates with the target alone (`draft=None`, no shape), speculatively with an EAGLE-3 draft in a
+    fixed tree or chain, or with the cost-aware `AutoShape` (with or without a draft)."""
+
+    def __init__(self, parts: TargetParts, draft: Eagle3Draft | None, shape: TreeShape | AutoShape | None,
+                 sampling: Sampling, eos_ids: set[int], seed: int = 0, costs: RoundCosts | None = None) -> None:
+        """`costs`: the round costs `AutoShape` plans with (default: measured at the first generation).
+        Refuses a draft without a shape and a fixed shape without a draft."""
         if draft is not None and shape is None:
-            raise ValueError("a draft needs a tree or chain shape")
+            raise ValueError("a draft needs a tree, chain or auto shape")
+        if isinstance(shape, TreeShape) and draft is None:
+            raise ValueError(f"{shape.describe()} needs a draft")
         self.parts, self.draft, self.shape, self.sampling, self.eos_ids = parts, draft, shape, sampling, eos_ids
         self.generator = torch.Generator().manual_seed(seed)
+        self.costs = costs
+        self.policy: ShapePolicy | None = None  # AutoShape: created with the costs, kept across generations
 
     def _pick(self, logits: torch.Tensor) -> int:
         """Return the target's next token from `logits [V]` (argmax, or a draw)."""
@@ -64,7 +117,13 @@ class Decoder:
     def generate(self, prompt: list[int], max_new_tokens: int) -> Generation:
         """Return the generation for `prompt` (token ids), at most `max_new_tokens`, stopping after an EOS."""
         started = time.perf_counter()
-        if self.draft is None:
+        if isinstance(self.shape, AutoShape):
+            if self.draft is None or self.shape.max_chain == 0:
+                result = self._adaptive(prompt, max_new_tokens, None)
+            else:
+                with FeatureCapture(self.parts, self.draft.config.aux_layer_ids) as capture:
+                    result = self._adaptive(prompt, max_new_tokens, capture)
+        elif self.draft is None:
             result = self._plain(prompt, max_new_tokens)
         else:
             with FeatureCapture(self.parts, self.draft.config.aux_layer_ids) as capture:
@@ -108,9 +167,7 @@ class Decoder:
             position = len(prompt) + len(result.tokens) - 1  # of the root, the last committed token
             committed_anchors = drafter.length
             tree = grower.grow(root, position - 1)
-            verified = target.forward(torch.tensor([result.tokens[-1], *tree.tokens.tolist()]),
-                                      torch.cat([torch.tensor([position]), position + tree.depths]),
-                                      self._visibility(tree))
+            verified = self._verify(target, tree, result.tokens[-1], position)
             result.target_forwards += 1
             verdict = self._verdict(tree, verified.logits)
             rows = [0] + [node + 1 for node in verdict.accepted]  # the root and the accepted nodes
@@ -126,6 +183,75 @@ class Decoder:
         result.draft_forwards += grower.forwards
         return result
 
+    def _adaptive(self, prompt: list[int], max_new_tokens: int, capture: FeatureCapture | None) -> Generation:
+        """The cost-aware loop (module docstring); without `capture` there is no draft, lookup only."""
+        assert isinstance(self.shape, AutoShape)
+        target = TargetRunner(self.parts, capture)
+        drafter = DraftRunner(self.draft) if capture is not None and self.draft is not None else None
+        step = target.forward(torch.tensor(prompt), torch.arange(len(prompt)), last_only=True)
+        result = Generation([self._pick(step.logits[-1])], target_forwards=1)
+        lookup = PromptLookup()
+        lookup.extend(prompt + result.tokens)
+        pending = _PendingAnchors()
+        if drafter is not None:
+            assert step.aux is not None
+            pending.add(step.aux, prompt[1:] + result.tokens, 0)  # anchors 0..m-1
+        policy = self._policy_for(target, drafter, step.aux, result.tokens[0], len(prompt))
+        target_ids = target_ids_of(drafter) if drafter is not None else None
+        while not self._done(result.tokens, max_new_tokens):
+            started = time.perf_counter()
+            position = len(prompt) + len(result.tokens) - 1  # of the root, the last committed token
+            proposal = lookup.propose(self.shape.lookup)
+            k, l = policy.choose(drafter is not None, len(proposal))
+            chain: list[int] = []
+            if k:
+                assert drafter is not None and target_ids is not None
+                root = pending.read(drafter)
+                committed_anchors = drafter.length
+                chain = draft_chain(drafter, root, position - 1, k, target_ids)
+                drafter.crop(committed_anchors)
+                result.draft_forwards += k
+            tree = chain_union(chain, proposal[:l])
+            verified = self._verify(target, tree, result.tokens[-1], position)
+            result.target_forwards += 1
+            verdict = self._verdict(tree, verified.logits)
+            rows = [0] + [node + 1 for node in verdict.accepted]
+            new = [int(tree.tokens[node]) for node in verdict.accepted] + [verdict.bonus]
+            target.keep(len(tree) + 1, rows)
+            if drafter is not None:
+                assert verified.aux is not None
+                pending.add(verified.aux[rows], new, position)
+            lookup.extend(new)
+            result.accepted.append(len(verdict.accepted))
+            result.drafted.append(k)
+            result.looked_up.append(l)
+            result.from_lookup.append(sum(node >= len(chain) for node in verdict.accepted))
+            modelled = policy.costs.verify(len(tree) + 1) + k * policy.costs.draft_step
+            policy.observe(k, _matched(chain, new), l, _matched(proposal[:l], new),
+                           time.perf_counter() - started - modelled)
+            self._commit(result.tokens, new, max_new_tokens)
+        return result
+
+    def _policy_for(self, target: TargetRunner, drafter: DraftRunner | None, prompt_aux: torch.Tensor | None,
+                    token: int, position: int) -> ShapePolicy:
+        """Return the decoder's policy; the first time, measure the costs (unless given) with the target's
+        cache holding the prompt (the draft step is measured on the prompt's last feature alone)."""
+        if self.policy is None:
+            assert isinstance(self.shape, AutoShape)
+            costs = self.costs
+            if costs is None:
+                feature = drafter.fuse(prompt_aux[-1:]) if drafter is not None and prompt_aux is not None else None
+                costs = measure_costs(target, drafter, token, position, feature)
+            self.costs, self.policy = costs, ShapePolicy(self.shape, costs)
+        return self.policy
+
+    @staticmethod
+    def _verify(target: TargetRunner, tree: DraftTree, root_token: int, position: int) -> TargetStep:
+        """Return the target's forward over the root (at `position`) and the tree's nodes (a chain: causally)."""
+        return target.forward(torch.tensor([root_token, *tree.tokens.tolist()]),
+                              torch.cat([torch.tensor([position]), position + tree.depths]),
+                              None if is_chain(tree) else Decoder._visibility(tree))
+
     @staticmethod
     def _visibility(tree: DraftTree) -> torch.Tensor:
         """Return `[n+1, n+1]` bool for the verification forward: everyone sees the root; nodes their ancestors."""
@@ -139,6 +265,6 @@ class Decoder:
         if self.sampling.greedy:
             return accept_greedy(tree, logits.argmax(-1).cpu())
         probs = self.sampling.probs(logits.cpu())  # [n+1, V]
-        if self.shape is not None and self.shape.chain:
+        if isinstance(self.shape, TreeShape) and self.shape.chain:
             return accept_sampled_chain(tree, probs, self.generator)
         return accept_sampled_tree(tree, probs, self.generator)

@@ -56,14 +56,38 @@ class _Growing:
                          torch.stack(self.dists) if self.dists else None)
 
 
+def target_ids_of(drafter: DraftRunner) -> torch.Tensor:
+    """Return `[N]`: the target token id of each draft-vocabulary id."""
+    draft = drafter.draft
+    return draft.to_target_ids(torch.arange(draft.config.draft_vocab_size, device=draft.d2t.device)).cpu()
+
+
+def draft_chain(drafter: DraftRunner, root: DraftStep, root_anchor: int, length: int, target_ids: torch.Tensor
+                ) -> list[int]:
+    """Return the draft's greedy chain of `length` target token ids after the root.
+
+    `root` is the draft's output at anchor position `root_anchor` (its last row), which the draft
+    cache ends with; the chain's anchors are appended to the cache (the caller crops them). A chain
+    anchor sees every cached anchor and itself, which is the causal default of `DraftRunner.forward`.
+    """
+    chain: list[int] = []
+    logits, hidden = root.logits[-1], root.hidden[-1:]  # [N], [1, H]
+    for depth in range(1, length + 1):
+        chain.append(int(target_ids[int(logits.argmax())]))
+        if depth == length:
+            break
+        step = drafter.forward(hidden, torch.tensor([chain[-1]]), torch.tensor([root_anchor + depth]))
+        logits, hidden = step.logits[-1], step.hidden[-1:]
+    return chain
+
+
 class TreeDrafter:
     """Grows the tree of a round from the draft's output at the root anchor."""
 
     def __init__(self, drafter: DraftRunner, shape: TreeShape, sampling: Sampling, generator: torch.Generator) -> None:
         self.drafter, self.shape, self.sampling, self.generator = drafter, shape, sampling, generator
-        draft = drafter.draft
-        self.target_ids = draft.to_target_ids(torch.arange(draft.config.draft_vocab_size, device=draft.d2t.device)).cpu()
-        self.vocab = draft.config.vocab_size
+        self.target_ids = target_ids_of(drafter)
+        self.vocab = drafter.draft.config.vocab_size
         self.forwards = 0
 
     def _children(self, logits: torch.Tensor, score: float) -> list[tuple[float, int, torch.Tensor | None]]:

@@ -16,8 +16,10 @@ import torch
 
 from eyas.config import DEFAULT_TREE, EvalConfig
 from eyas.data.prompts import eos_ids, generate_kwargs, target_eos_ids
+from eyas.decode.costs import RoundCosts
 from eyas.decode.decoder import Decoder, Generation
 from eyas.decode.drafting import TreeShape
+from eyas.decode.policy import AutoShape
 from eyas.decode.prompts import read_prompts
 from eyas.decode.report import REPORT, EvalReport, summarize, write_report
 from eyas.decode.sampling import Sampling
@@ -41,16 +43,22 @@ EVAL = Stage("eval", "an eyas eval report", (RESULTS, PROGRESS, REPORT, "accepta
 WARMUP_TOKENS = 8
 
 
-def decoding_shape(config: EvalConfig) -> TreeShape:
-    """Return the chain or tree of `config`; refuses both at once and a malformed `--tree`."""
-    if config.chain is not None and config.tree is not None:
-        raise EyasError("eval: give --chain K or --tree DEPTH,TOPK,TOTAL, not both")
+def decoding_shape(config: EvalConfig) -> TreeShape | AutoShape:
+    """Return the auto shape, chain or tree of `config` (auto unless a chain or tree is given); refuses two
+    shapes at once, a malformed `--tree`, and an auto shape with nothing to verify."""
+    given = [flag for flag, value in (("--shape auto", config.shape), ("--chain", config.chain), ("--tree", config.tree))
+             if value is not None]
+    if len(given) > 1:
+        raise EyasError(f"eval: give one decoding shape, not {' and '.join(given)}")
     if config.chain is not None:
         return TreeShape.chain_of(config.chain)
-    tree = config.tree or DEFAULT_TREE
-    parts = tree.split(",")
+    if config.tree is None:
+        if config.max_chain == 0 and config.lookup == 0:
+            raise EyasError("eval: --shape auto with --max-chain 0 and --lookup 0 has nothing to draft")
+        return AutoShape(config.max_chain, config.lookup)
+    parts = config.tree.split(",")
     if len(parts) != 3 or not all(p.strip().isdigit() and int(p) > 0 for p in parts):
-        raise EyasError(f"tree: {tree!r}: expected DEPTH,TOPK,TOTAL, three positive integers (e.g. {DEFAULT_TREE})")
+        raise EyasError(f"tree: {config.tree!r}: expected DEPTH,TOPK,TOTAL, three positive integers (e.g. {DEFAULT_TREE})")
     depth, top_k, total = map(int, parts)
     return TreeShape(depth, top_k, total)
 
@@ -67,13 +75,16 @@ def prompt_lookup_generate(parts: TargetParts, prompt: list[int], max_new_tokens
     return out.shape[1] - len(prompt), time.perf_counter() - started
 
 
-def _result_line(index: int, base: Generation, spec: Generation, lookup: tuple[int, float] | None) -> dict[str, Any]:
+def _result_line(index: int, base: Generation, spec: Generation, lookup: tuple[int, float] | None,
+                 costs: RoundCosts | None) -> dict[str, Any]:
     line: dict[str, Any] = {
         "prompt": index, "new_tokens": len(spec.tokens), "accepted": spec.accepted, "seconds": spec.seconds,
         "target_forwards": spec.target_forwards, "draft_forwards": spec.draft_forwards,
         "baseline_new_tokens": len(base.tokens), "baseline_seconds": base.seconds,
         "baseline_target_forwards": base.target_forwards, "same_tokens": spec.tokens == base.tokens,
     }
+    if costs is not None:  # the auto shape: what it chose per round, and the costs it chose from
+        line.update(drafted=spec.drafted, looked_up=spec.looked_up, from_lookup=spec.from_lookup, costs=costs.record())
     if lookup is not None:
         line["lookup_new_tokens"], line["lookup_seconds"] = lookup
     return line
@@ -122,7 +133,7 @@ def run_eval(config: EvalConfig) -> EvalReport:
                 base, spec = plain.generate(prompt, config.max_new_tokens), speculative.generate(prompt, config.max_new_tokens)
                 lookup = prompt_lookup_generate(parts, prompt, config.max_new_tokens, config.prompt_lookup, sampling,
                                                 eos) if config.prompt_lookup else None
-                line = _result_line(index, base, spec, lookup)
+                line = _result_line(index, base, spec, lookup, speculative.costs)
                 handle.append(json.dumps(line))
                 results.append(line)
                 rounds = [a for r in results for a in r["accepted"]]

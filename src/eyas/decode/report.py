@@ -4,6 +4,9 @@ tau is pooled: the tokens committed by all verification forwards (accepted draft
 each) divided by the number of those forwards; the prefill forward, which yields the first
 token without a draft, is not counted. `per_position_acceptance[i]` is the share of forwards
 that accepted more than i draft tokens. Token rates are new tokens over wall time, prefill included.
+With the auto shape, `auto` says what the rounds verified: how many rounds drafted a chain of each
+length and looked up a branch of each length (0: none), how many accepted tokens came from the
+lookup branch alone, and the costs the choices were made from.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from pydantic import BaseModel, Field
 
 from eyas.config import EvalConfig
 from eyas.decode.drafting import TreeShape
+from eyas.decode.policy import AutoShape
 from eyas.decode.served import VllmFigures
 from eyas.decode.sampling import Sampling
 from eyas.files import write_atomic, write_json_atomic
@@ -24,6 +28,17 @@ from eyas.precision import Precision, machine_record
 REPORT = "report.json"
 TAU_DEFINITION = ("pooled over all prompts: (accepted draft tokens + 1) summed over the verification forwards, "
                   "divided by their number; the prefill forward is not counted")
+
+
+class AutoChoices(BaseModel):
+    """What the auto shape verified, over all rounds of all prompts."""
+
+    draft_length_counts: dict[int, int] = Field(description="rounds per draft chain length verified (0: no draft)")
+    lookup_length_counts: dict[int, int] = Field(description="rounds per lookup branch length verified (0: none)")
+    plain_rounds: int = Field(description="rounds that verified nothing drafted (a plain target step)")
+    accepted_tokens: int = Field(description="drafted tokens accepted, all rounds")
+    accepted_from_lookup: int = Field(description="of those, proposed by the lookup branch alone")
+    costs: dict[str, float] = Field(description="the measured round costs the choices were made from (seconds)")
 
 
 class EvalReport(BaseModel):
@@ -47,13 +62,27 @@ class EvalReport(BaseModel):
     precision: dict[str, object] | None = Field(None, description="the dtype of target and draft and why (eyas.precision)")
     machine: dict[str, object] | None = Field(None, description="CPU capability and torch threads of the summarizing run")
     vllm: VllmFigures | None = Field(None, description="the draft served by vLLM on the same prompts (eval --engine vllm)")
+    auto: AutoChoices | None = Field(None, description="the shapes the auto shape chose (eval's default shape)")
 
 
 def _rate(tokens: int, seconds: float) -> float:
     return tokens / seconds if seconds > 0 else 0.0
 
 
-def summarize(results: list[dict[str, Any]], shape: TreeShape, sampling: Sampling, config: EvalConfig,
+def _auto_choices(results: list[dict[str, Any]]) -> AutoChoices:
+    drafted = [k for r in results for k in r["drafted"]]
+    looked_up = [l for r in results for l in r["looked_up"]]
+    return AutoChoices(
+        draft_length_counts=dict(sorted(Counter(drafted).items())),
+        lookup_length_counts=dict(sorted(Counter(looked_up).items())),
+        plain_rounds=sum(k + l == 0 for k, l in zip(drafted, looked_up)),
+        accepted_tokens=sum(a for r in results for a in r["accepted"]),
+        accepted_from_lookup=sum(t for r in results for t in r["from_lookup"]),
+        costs=results[-1]["costs"],
+    )
+
+
+def summarize(results: list[dict[str, Any]], shape: TreeShape | AutoShape, sampling: Sampling, config: EvalConfig,
               precision: Precision) -> EvalReport:
     """Return the report of the per-prompt `results` lines, decoded in `precision`."""
     rounds = [a for r in results for a in r["accepted"]]
@@ -76,7 +105,7 @@ def summarize(results: list[dict[str, Any]], shape: TreeShape, sampling: Samplin
         same_as_baseline=sum(r["same_tokens"] for r in results), decoding=shape.describe(),
         sampling={"temperature": sampling.temperature, "top_p": sampling.top_p, "top_k": float(sampling.top_k)},
         max_new_tokens=config.max_new_tokens, prompt_lookup=lookup, precision=precision.record(),
-        machine=machine_record(),
+        machine=machine_record(), auto=_auto_choices(results) if isinstance(shape, AutoShape) and results else None,
     )
 
 

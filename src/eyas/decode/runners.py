@@ -72,6 +72,7 @@ class TargetRunner:
     def keep(self, new_count: int, kept: list[int]) -> None:
         """Keep the cached prefix and, of the last `new_count` entries, those at indices `kept` (ascending)."""
         start = self.length - new_count
+        prefix = kept == list(range(len(kept)))  # a chain's accepted run: truncating is enough
         index = torch.tensor(kept, dtype=torch.long, device=self.device) + start
         for layer in self.cache.layers:
             if type(layer).__name__ != "DynamicLayer":
@@ -79,7 +80,8 @@ class TargetRunner:
                                 "cannot be trimmed to a draft path; full-attention targets only")
             for name in ("keys", "values"):
                 tensor = getattr(layer, name)  # [1, kv, L, d]
-                tensor[:, :, start:start + len(kept)] = tensor[:, :, index]
+                if not prefix:
+                    tensor[:, :, start:start + len(kept)] = tensor[:, :, index]
                 setattr(layer, name, tensor[:, :, :start + len(kept)])
         self.length = start + len(kept)
 

@@ -72,3 +72,27 @@ def subtree(tree: DraftTree, keep: torch.Tensor) -> DraftTree:
     parents = torch.tensor([new_index[int(p)] if int(p) >= 0 else -1 for p in tree.parents[keep]], dtype=torch.long)
     probs = tree.draft_probs[keep] if tree.draft_probs is not None else None
     return DraftTree(tree.tokens[keep], parents, tree.depths[keep], tree.scores[keep], probs)
+
+
+def is_chain(tree: DraftTree) -> bool:
+    """Return whether every node's parent is the node before it (causal attention verifies it)."""
+    return bool((tree.parents == torch.arange(-1, len(tree) - 1)).all())
+
+
+def chain_union(first: list[int], second: list[int]) -> DraftTree:
+    """Return the tree of two token chains after the root, sharing their common prefix.
+
+    Nodes `0..len(first)-1` are `first` in order; the nodes of `second` beyond the shared prefix
+    follow, the first of them a child of the last shared node. Scores are minus the depth (the
+    verifiers try siblings in node order: `first`'s child, then `second`'s).
+    """
+    shared = 0
+    while shared < min(len(first), len(second)) and first[shared] == second[shared]:
+        shared += 1
+    rest = second[shared:]
+    tokens = first + rest
+    parents = list(range(-1, len(first) - 1))
+    parents += [shared - 1 if i == 0 else len(first) + i - 1 for i in range(len(rest))]
+    depths = list(range(1, len(first) + 1)) + list(range(shared + 1, shared + len(rest) + 1))
+    return DraftTree(torch.tensor(tokens, dtype=torch.long), torch.tensor(parents, dtype=torch.long),
+                     torch.tensor(depths, dtype=torch.long), -torch.tensor(depths, dtype=torch.float64))

@@ -132,7 +132,7 @@ def _tree_evaluation(demo: DemoConfig, eval_config: EvalConfig) -> EvalConfig | 
     if demo.tree is None:
         return None
     tree_config = eval_config.model_copy(update={
-        "chain": None, "tree": demo.tree, "prompt_lookup": 0, "engine": "eyas",
+        "shape": None, "chain": None, "tree": demo.tree, "prompt_lookup": 0, "engine": "eyas",
         "out": eval_config.out.with_name(eval_config.out.name + "-tree")})
     decoding_shape(tree_config)
     return tree_config
