@@ -16,7 +16,11 @@ speedups say little about real models; its tau does say the decoder accepts what
 Output: one JSON line per shape on stdout: `tau` (pooled: accepted + 1 per verification forward),
 `per_position_acceptance`, `tokens_per_s`, `baseline_tokens_per_s`, `speedup` (over the target
 alone), `prompt_lookup_tokens_per_s`, `prompt_lookup_speedup` and `vs_prompt_lookup` (speculative
-tokens/s over prompt lookup's), with the settings. Torch runs `--threads` intra-op threads (default 1).
+tokens/s over prompt lookup's), with the settings, and `overhead_ms_per_round`: wall time per
+verification round beyond the time spent inside target and draft forwards (the CPU loop: Python,
+masks, cache trimming, verification). `auto:K,L` is the cost-aware shape (draft chains <= K, lookup
+branches <= L; `auto:0,L` is eyas's prompt lookup without the draft), with the shapes it chose.
+Torch runs `--threads` intra-op threads (default 1).
 """
 
 from __future__ import annotations
@@ -25,12 +29,15 @@ import argparse
 import json
 import sys
 import tempfile
+import time
+from collections import Counter
 from pathlib import Path
 
 import torch
 
 from eyas.decode.decoder import Decoder
 from eyas.decode.drafting import TreeShape
+from eyas.decode.runners import DraftRunner, TargetRunner
 from eyas.data.prompts import eos_ids
 from eyas.decode.evaluate import prompt_lookup_generate
 from eyas.decode.prompts import read_prompts
@@ -43,9 +50,30 @@ from eyas.models.tokenizer import load_tokenizer
 SHAPES = "chain:1 chain:3 chain:5 tree:3,2,6 tree:4,3,10 tree:5,4,16 tree:6,8,40"
 
 
-def parse_shape(text: str) -> TreeShape:
+FORWARD_SECONDS = [0.0]  # inside TargetRunner.forward and DraftRunner.forward, all decoders
+
+
+def time_forwards(runner: type) -> None:
+    """Make `runner.forward` add its wall time to FORWARD_SECONDS."""
+    forward = runner.forward
+
+    def timed(self, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202 - the runner's own signature
+        started = time.perf_counter()
+        try:
+            return forward(self, *args, **kwargs)
+        finally:
+            FORWARD_SECONDS[0] += time.perf_counter() - started
+
+    runner.forward = timed
+
+
+def parse_shape(text: str):  # noqa: ANN201 - TreeShape or AutoShape
     kind, _, numbers = text.partition(":")
     values = [int(v) for v in numbers.split(",")]
+    if kind == "auto":
+        from eyas.decode.policy import AutoShape
+
+        return AutoShape(*values)
     return TreeShape.chain_of(values[0]) if kind == "chain" else TreeShape(*values)
 
 
@@ -64,7 +92,7 @@ def main() -> None:
     parser.add_argument("--target", type=Path)
     parser.add_argument("--draft", type=Path)
     parser.add_argument("--prompts", type=Path)
-    parser.add_argument("--shapes", default=SHAPES, help=f"space-separated chain:K / tree:D,K,T (default {SHAPES!r})")
+    parser.add_argument("--shapes", default=SHAPES, help=f"space-separated chain:K / tree:D,K,T / auto:K,L (default {SHAPES!r})")
     parser.add_argument("--limit", type=int, default=None, help="first N prompts")
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--prompt-lookup", type=int, default=10, help="prompt_lookup_num_tokens")
@@ -72,6 +100,8 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    time_forwards(TargetRunner)
+    time_forwards(DraftRunner)
 
     with tempfile.TemporaryDirectory() as scratch:
         if args.target is None:
@@ -85,14 +115,16 @@ def main() -> None:
         eos, sampling = eos_ids(parts.model, tokenizer), Sampling()
         shapes = [parse_shape(s) for s in args.shapes.split()]
         plain = Decoder(parts, None, None, sampling, eos)
-        decoders = [Decoder(parts, draft, shape, sampling, eos) for shape in shapes]
+        decoders = [Decoder(parts, draft if getattr(shape, "max_chain", 1) else None, shape, sampling, eos)
+                    for shape in shapes]
         for decoder in [plain, *decoders]:
             decoder.generate(prompts[0], 8)
         prompt_lookup_generate(parts, prompts[0], 8, args.prompt_lookup, sampling, eos)
 
         base = {"tokens": 0, "seconds": 0.0}
         lookup = {"tokens": 0, "seconds": 0.0}
-        spec = [{"tokens": 0, "seconds": 0.0, "rounds": [], "same": 0} for _ in shapes]
+        spec = [{"tokens": 0, "seconds": 0.0, "rounds": [], "same": 0, "overhead": 0.0, "drafted": [], "looked_up": [],
+                 "from_lookup": 0} for _ in shapes]
         for number, prompt in enumerate(prompts, 1):
             reference = plain.generate(prompt, args.max_new_tokens)
             base["tokens"] += len(reference.tokens)
@@ -101,7 +133,12 @@ def main() -> None:
             lookup["tokens"] += tokens
             lookup["seconds"] += seconds
             for decoder, totals in zip(decoders, spec):
+                inside = FORWARD_SECONDS[0]
                 generated = decoder.generate(prompt, args.max_new_tokens)
+                totals["overhead"] += generated.seconds - (FORWARD_SECONDS[0] - inside)
+                totals["drafted"] += getattr(generated, "drafted", [])
+                totals["looked_up"] += getattr(generated, "looked_up", [])
+                totals["from_lookup"] += sum(getattr(generated, "from_lookup", []))
                 totals["tokens"] += len(generated.tokens)
                 totals["seconds"] += generated.seconds
                 totals["rounds"] += generated.accepted
@@ -122,6 +159,10 @@ def main() -> None:
             "speedup": round(rate / base_rate, 3), "prompt_lookup_num_tokens": args.prompt_lookup,
             "prompt_lookup_tokens_per_s": round(lookup_rate, 2), "prompt_lookup_speedup": round(lookup_rate / base_rate, 3),
             "vs_prompt_lookup": round(rate / lookup_rate, 3), "same_as_baseline": totals["same"],
+            "overhead_ms_per_round": round(1000 * totals["overhead"] / len(rounds), 3),
+            **({"draft_length_counts": dict(sorted(Counter(totals["drafted"]).items())),
+                "lookup_length_counts": dict(sorted(Counter(totals["looked_up"]).items())),
+                "accepted_from_lookup": totals["from_lookup"], "accepted": sum(rounds)} if totals["drafted"] else {}),
         }), flush=True)
 
 

@@ -113,12 +113,12 @@ def print_eval_report(out: Path, report: EvalReport) -> None:
     if report.auto is not None:
         chosen = report.auto
         rounds = sum(chosen.draft_length_counts.values())
-        table.add_row("  rounds that verified nothing drafted (plain steps)", f"{chosen.plain_rounds:,} / {rounds:,}")
-        table.add_row("  draft chain lengths chosen (length: rounds)",
+        table.add_row("  plain rounds (nothing drafted)", f"{chosen.plain_rounds:,} / {rounds:,}")
+        table.add_row("  draft lengths (length: rounds)",
                       ", ".join(f"{k}: {n}" for k, n in chosen.draft_length_counts.items()))
-        table.add_row("  lookup branch lengths chosen (length: rounds)",
+        table.add_row("  lookup lengths (length: rounds)",
                       ", ".join(f"{k}: {n}" for k, n in chosen.lookup_length_counts.items()))
-        table.add_row("  accepted tokens from the lookup branch alone",
+        table.add_row("  accepted from lookup alone",
                       f"{chosen.accepted_from_lookup:,} / {chosen.accepted_tokens:,}")
     table.add_row("target forwards: speculative / target alone", f"{report.target_forwards:,} / "
                   f"{report.baseline_target_forwards:,}")
