@@ -188,9 +188,9 @@ def test_the_check_catches_a_wrong_residual(pair, monkeypatch: pytest.MonkeyPatc
     assert joint_p_value(observed, expected) < 1e-4
 
 
-FLAT = RoundCosts(verify_base=1.0, verify_per_token=0.0, draft_step=0.0)  # verifying more is free: draft the most
-COSTLY = RoundCosts(verify_base=1.0, verify_per_token=10.0, draft_step=10.0)  # nothing drafted pays
-NO_DRAFT_STEP = RoundCosts(verify_base=1.0, verify_per_token=0.0, draft_step=100.0)  # lookup pays, drafting not
+FLAT = RoundCosts.linear(base=1.0, per_token=0.0, draft_step=0.0)  # verifying more is free: draft the most
+COSTLY = RoundCosts.linear(base=1.0, per_token=10.0, draft_step=10.0)  # nothing drafted pays
+NO_DRAFT_STEP = RoundCosts.linear(base=1.0, per_token=0.0, draft_step=100.0)  # lookup pays, drafting not
 
 
 @pytest.mark.parametrize(("costs", "shape"), [(FLAT, AutoShape(6, 8)), (FLAT, AutoShape(6, 0)), (FLAT, AutoShape(0, 8)),
@@ -223,12 +223,21 @@ def test_greedy_auto_output_is_the_targets_own(pair, costs: RoundCosts | None, s
         assert sum(from_lookup) == 0
 
 
+def test_costs_between_and_beyond_the_measured_sizes() -> None:
+    costs = RoundCosts((1, 2, 4), (0.05, 0.09, 0.10), 0.0)
+    assert costs.verify(1) == 0.05 and costs.verify(2) == 0.09 and costs.verify(4) == 0.10
+    assert costs.verify(3) == pytest.approx(0.095) and costs.verify(6) == pytest.approx(0.11)
+    assert RoundCosts((1, 2), (0.2, 0.1), 0.0).verify(5) == pytest.approx(0.1)  # never cheaper beyond the largest
+    assert RoundCosts.linear(1.0, 0.5, 0.0).verify(7) == pytest.approx(4.5)
+
+
 def test_the_measured_costs_are_sane_and_kept(pair) -> None:
     parts, draft, prompts = pair
     decoder = Decoder(parts, draft, AutoShape(), Sampling(), set())
     decoder.generate(prompts[0], 4)
     costs = decoder.costs
-    assert costs is not None and costs.verify(1) > 0 and costs.verify_per_token >= 0 and costs.draft_step > 0
+    assert costs is not None and costs.verify(1) > 0 and costs.draft_step > 0
+    assert costs.verify_sizes == (1, 2, 3, 4, 6, 8, 12, 16) and all(s > 0 for s in costs.verify_seconds)
     decoder.generate(prompts[1], 4)
     assert decoder.costs is costs  # measured once per decoder
 

@@ -1,11 +1,14 @@
 """What a decoding round costs on the device at hand, measured once per decoder.
 
-A verification forward of n tokens (the root plus n-1 drafted ones) after a cached prefix costs
-about `verify_base + verify_per_token * n` seconds: on a CPU the per-token term dominates early
-(every token is a matmul row), on a GPU the base does until the batch fills the device. Both are
-fitted by least squares to the median time of forwards of 1, 2, 4, 8 and 16 tokens, each measured
-three times after one untimed pass, and dropped from the cache again. A draft step (one anchor
-through the draft, its logits included) costs `draft_step`, the median of five.
+A verification forward of n tokens (the root plus n-1 drafted ones) after a cached prefix is
+timed for n in `VERIFY_SIZES` (median of three, after one untimed pass; each forward is dropped
+from the cache again), and the cost of other sizes is interpolated linearly between the measured
+ones (extrapolated beyond the largest with the last segment's slope). No straight line is fitted:
+on a CPU the step from one token to two is the largest (a matrix-vector product becomes a
+matrix-matrix one: SmolLM2-135M in float32 on 2 AVX2 cores took 50 ms for one token, 87 ms for
+two, 125 ms for sixteen), and a line through all sizes misplaced exactly the sizes that decide
+whether drafting pays. A draft step (one anchor through the draft, its logits included) costs
+`draft_step`, the median of five.
 """
 
 from __future__ import annotations
@@ -13,30 +16,44 @@ from __future__ import annotations
 import statistics
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 import torch
 
 from eyas.decode.runners import DraftRunner, TargetRunner
 
-VERIFY_SIZES = (1, 2, 4, 8, 16)
+VERIFY_SIZES = (1, 2, 3, 4, 6, 8, 12, 16)
 
 
 @dataclass(frozen=True)
 class RoundCosts:
-    """Seconds: a target forward verifying n tokens costs `verify_base + verify_per_token * n`;
-    one draft forward of one anchor costs `draft_step`."""
+    """Seconds: a target forward verifying `verify_sizes[i]` tokens costs `verify_seconds[i]` (other sizes
+    interpolated); one draft forward of one anchor costs `draft_step`."""
 
-    verify_base: float
-    verify_per_token: float
+    verify_sizes: tuple[int, ...]
+    verify_seconds: tuple[float, ...]
     draft_step: float
+
+    @classmethod
+    def linear(cls, base: float, per_token: float, draft_step: float) -> RoundCosts:
+        """Return costs where verifying n tokens costs `base + per_token * n`."""
+        return cls((1, 2), (base + per_token, base + 2 * per_token), draft_step)
 
     def verify(self, tokens: int) -> float:
         """Return the seconds of a target forward of `tokens` new tokens."""
-        return self.verify_base + self.verify_per_token * tokens
+        sizes, seconds = self.verify_sizes, self.verify_seconds
+        if tokens <= sizes[0]:
+            return seconds[0]
+        upper = next((i for i, size in enumerate(sizes) if size >= tokens), len(sizes) - 1)
+        lower = upper - 1
+        slope = (seconds[upper] - seconds[lower]) / (sizes[upper] - sizes[lower])
+        if tokens > sizes[-1]:
+            return seconds[-1] + max(slope, 0.0) * (tokens - sizes[-1])
+        return seconds[lower] + slope * (tokens - sizes[lower])
 
-    def record(self) -> dict[str, float]:
-        return {name: round(value, 7) for name, value in asdict(self).items()}
+    def record(self) -> dict[str, object]:
+        return {"verify_seconds": {str(n): round(s, 6) for n, s in zip(self.verify_sizes, self.verify_seconds)},
+                "draft_step": round(self.draft_step, 6)}
 
 
 def _median_seconds(work: Callable[[], object], repeats: int) -> float:
@@ -48,15 +65,6 @@ def _median_seconds(work: Callable[[], object], repeats: int) -> float:
         work()
         times.append(time.perf_counter() - started)
     return statistics.median(times)
-
-
-def _line_fit(sizes: list[int], seconds: list[float]) -> tuple[float, float]:
-    """Return (intercept, slope) of the least-squares line through `(sizes, seconds)`, both >= 0."""
-    x = torch.tensor(sizes, dtype=torch.float64)
-    y = torch.tensor(seconds, dtype=torch.float64)
-    slope = float(((x - x.mean()) * (y - y.mean())).sum() / ((x - x.mean()) ** 2).sum())
-    slope = max(slope, 0.0)
-    return max(float(y.mean()) - slope * float(x.mean()), 0.0), slope
 
 
 def measure_costs(target: TargetRunner, drafter: DraftRunner | None, token: int, position: int,
@@ -75,13 +83,12 @@ def measure_costs(target: TargetRunner, drafter: DraftRunner | None, token: int,
             target.keep(size, [])
 
         seconds.append(_median_seconds(verify, 3))
-    base, per_token = _line_fit(list(VERIFY_SIZES), seconds)
     if drafter is None or feature is None:
-        return RoundCosts(base, per_token, 0.0)
+        return RoundCosts(VERIFY_SIZES, tuple(seconds), 0.0)
     length = drafter.length
 
     def draft() -> None:
         drafter.forward(feature, torch.tensor([token]), torch.tensor([position]))
         drafter.crop(length)
 
-    return RoundCosts(base, per_token, _median_seconds(draft, 5))
+    return RoundCosts(VERIFY_SIZES, tuple(seconds), _median_seconds(draft, 5))

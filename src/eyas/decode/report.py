@@ -38,7 +38,8 @@ class AutoChoices(BaseModel):
     plain_rounds: int = Field(description="rounds that verified nothing drafted (a plain target step)")
     accepted_tokens: int = Field(description="drafted tokens accepted, all rounds")
     accepted_from_lookup: int = Field(description="of those, proposed by the lookup branch alone")
-    costs: dict[str, float] = Field(description="the measured round costs the choices were made from (seconds)")
+    costs: dict[str, Any] = Field(description="the measured round costs the choices were made from (seconds per "
+                                              "verified-token count, per draft step)")
 
 
 class EvalReport(BaseModel):
