@@ -214,7 +214,8 @@ class Decoder:
             tree = chain_union(chain, proposal[:l])
             verified = self._verify(target, tree, result.tokens[-1], position)
             result.target_forwards += 1
-            verdict = self._verdict(tree, verified.logits)
+            # a plain step (nothing drafted) takes the target's token as the plain loop does
+            verdict = self._verdict(tree, verified.logits) if len(tree) else Verdict([], self._pick(verified.logits[-1]))
             rows = [0] + [node + 1 for node in verdict.accepted]
             new = [int(tree.tokens[node]) for node in verdict.accepted] + [verdict.bonus]
             target.keep(len(tree) + 1, rows)

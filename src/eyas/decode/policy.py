@@ -22,7 +22,9 @@ each estimated from discounted counts (weight 0.98 per new observation, so the e
 change of text within about 50 rounds) with a prior of strength 2 centred on a_{j-1} (on 0.5 at
 depth 1), so a depth that is rarely reached borrows from the depth above it. A proposer that has
 not been verified for `PROBE_EVERY` rounds is verified once at one token, so an estimate that
-has gone pessimistic can recover.
+has gone pessimistic can recover; a probe that is rejected doubles that wait (up to
+`PROBE_EVERY_MOST`), an accepted one resets it. A probe costs a round of two verified tokens
+(on a CPU up to 1.8 plain steps), so a draft that never pays costs a few probes per thousand rounds.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from eyas.decode.costs import RoundCosts
 DECAY = 0.98
 PRIOR_STRENGTH = 2.0
 PROBE_EVERY = 16
+PROBE_EVERY_MOST = 1024
 
 
 @dataclass(frozen=True)
@@ -96,6 +99,8 @@ class ShapePolicy:
         self.overhead = 0.0
         self._overhead_seen = False
         self._idle = {"draft": 0, "lookup": 0}  # rounds since each proposer was last verified
+        self._wait = {"draft": PROBE_EVERY, "lookup": PROBE_EVERY}  # idle rounds before the next probe
+        self._probing: set[str] = set()
 
     def choose(self, can_draft: bool, lookup_available: int) -> tuple[int, int]:
         """Return (k, l): draft tokens and lookup tokens to verify; `lookup_available` tokens were found."""
@@ -113,10 +118,13 @@ class ShapePolicy:
                 if rate > best_rate:
                     best, best_rate = (k, l), rate
         k, l = best
-        if max_k and not k and self._idle["draft"] >= PROBE_EVERY:
+        self._probing = set()
+        if max_k and not k and self._idle["draft"] >= self._wait["draft"]:
             k = 1
-        if max_l and not l and self._idle["lookup"] >= PROBE_EVERY:
+            self._probing.add("draft")
+        if max_l and not l and self._idle["lookup"] >= self._wait["lookup"]:
             l = 1
+            self._probing.add("lookup")
         return k, l
 
     def observe(self, k: int, k_matched: int, l: int, l_matched: int, extra_seconds: float | None) -> None:
@@ -127,6 +135,8 @@ class ShapePolicy:
             if proposed:
                 estimate.update(proposed, matched)
                 self._idle[name] = 0
+                if name in self._probing:
+                    self._wait[name] = PROBE_EVERY if matched else min(2 * self._wait[name], PROBE_EVERY_MOST)
             else:
                 self._idle[name] += 1
         if extra_seconds is not None and k + l:

@@ -73,6 +73,8 @@ class TargetRunner:
         """Keep the cached prefix and, of the last `new_count` entries, those at indices `kept` (ascending)."""
         start = self.length - new_count
         prefix = kept == list(range(len(kept)))  # a chain's accepted run: truncating is enough
+        if prefix and len(kept) == new_count:
+            return  # everything stays (a plain step)
         index = torch.tensor(kept, dtype=torch.long, device=self.device) + start
         for layer in self.cache.layers:
             if type(layer).__name__ != "DynamicLayer":
