@@ -64,7 +64,7 @@ def serving_problems(config: EvalConfig) -> list[str]:
     if installed_vllm() is None:
         problems.append(not_installed("--engine vllm", "run .venv-vllm/bin/eyas eval ..."))
     if config.chain is None:
-        problems.append("--engine vllm: vLLM serves an EAGLE-3 chain; give --chain K (not a tree)")
+        problems.append("--engine vllm: vLLM serves an EAGLE-3 chain; give --chain K (not a tree or the auto shape)")
     return problems
 
 
