@@ -223,6 +223,23 @@ def test_greedy_auto_output_is_the_targets_own(pair, costs: RoundCosts | None, s
         assert sum(from_lookup) == 0
 
 
+def test_unread_anchors_are_read_in_bounded_batches(pair, monkeypatch: pytest.MonkeyPatch) -> None:
+    """While nothing pays, the draft reads the waiting anchors every 3 rounds instead of at the next
+    probe: the probes propose and get accepted exactly as with one read, and the output stays the target's."""
+    parts, draft, prompts = pair
+    monkeypatch.setattr("eyas.decode.policy.PROBE_EVERY", 4)
+    runs = []
+    for most in (3, 10_000):
+        monkeypatch.setattr("eyas.decode.decoder.PENDING_MOST", most)
+        decoder = Decoder(parts, draft, AutoShape(), Sampling(), set(), costs=COSTLY)
+        generations = [decoder.generate(prompt, NEW_TOKENS) for prompt in prompts[:4]]
+        for prompt, generated in zip(prompts, generations):
+            assert generated.tokens == hf_greedy(parts, prompt, NEW_TOKENS, None)
+        runs.append([(g.drafted, g.accepted) for g in generations])
+    assert runs[0] == runs[1]
+    assert sum(sum(accepted) for _, accepted in runs[0]) >= 3  # probes were accepted: the draft read its anchors
+
+
 def test_costs_between_and_beyond_the_measured_sizes() -> None:
     costs = RoundCosts((1, 2, 4), (0.05, 0.09, 0.10), 0.0)
     assert costs.verify(1) == 0.05 and costs.verify(2) == 0.09 and costs.verify(4) == 0.10

@@ -60,6 +60,9 @@ class Generation:
     seconds: float = 0.0
 
 
+PENDING_MOST = 512  # unread draft anchors (target features kept) before the draft reads them anyway
+
+
 class _PendingAnchors:
     """Draft anchors whose target features are known and that the draft has not read yet."""
 
@@ -221,6 +224,8 @@ class Decoder:
             target.keep(len(tree) + 1, rows)
             if drafter is not None:
                 assert verified.aux is not None
+                if len(pending.tokens) >= PENDING_MOST:  # bounded memory while nothing is drafted
+                    pending.read(drafter)
                 pending.add(verified.aux[rows], new, position)
             lookup.extend(new)
             result.accepted.append(len(verdict.accepted))
