@@ -115,6 +115,8 @@ def main() -> None:
         eos, sampling = eos_ids(parts.model, tokenizer), Sampling()
         shapes = [parse_shape(s) for s in args.shapes.split()]
         plain = Decoder(parts, None, None, sampling, eos)
+        # getattr: the same script also measures older sources (before/after figures), whose shapes and
+        # generations lack the auto fields
         decoders = [Decoder(parts, draft if getattr(shape, "max_chain", 1) else None, shape, sampling, eos)
                     for shape in shapes]
         for decoder in [plain, *decoders]:

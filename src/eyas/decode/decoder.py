@@ -64,7 +64,8 @@ PENDING_MOST = 512  # unread draft anchors (target features kept) before the dra
 
 
 class _PendingAnchors:
-    """Draft anchors whose target features are known and that the draft has not read yet."""
+    """Draft anchors whose target features are known, queued until the draft reads them (fixed shapes:
+    right away; the auto shape: when it drafts next)."""
 
     def __init__(self) -> None:
         self.aux: list[torch.Tensor] = []  # [r, A*H_t] each
@@ -162,9 +163,10 @@ class Decoder:
         grower = TreeDrafter(drafter, self.shape, self.sampling, self.generator)
         step = target.forward(torch.tensor(prompt), torch.arange(len(prompt)), last_only=True)
         result = Generation([self._pick(step.logits[-1])], target_forwards=1)
-        # draft anchors 0..m-1: target features of the prompt, tokens x_1..x_m
-        anchor_tokens = torch.tensor(prompt[1:] + result.tokens)
-        root = drafter.forward(drafter.fuse(step.aux), anchor_tokens, torch.arange(len(prompt)))
+        assert step.aux is not None
+        anchors = _PendingAnchors()
+        anchors.add(step.aux, prompt[1:] + result.tokens, 0)  # anchors 0..m-1: the prompt's features, x_1..x_m
+        root = anchors.read(drafter)
         result.draft_forwards += 1
         while not self._done(result.tokens, max_new_tokens):
             position = len(prompt) + len(result.tokens) - 1  # of the root, the last committed token
@@ -173,14 +175,13 @@ class Decoder:
             verified = self._verify(target, tree, result.tokens[-1], position)
             result.target_forwards += 1
             verdict = self._verdict(tree, verified.logits)
-            rows = [0] + [node + 1 for node in verdict.accepted]  # the root and the accepted nodes
-            new = [int(tree.tokens[node]) for node in verdict.accepted] + [verdict.bonus]
+            new = verdict.committed(tree)
             result.accepted.append(len(verdict.accepted))
-            target.keep(len(tree) + 1, rows)
+            target.keep(len(tree) + 1, verdict.rows)
             drafter.crop(committed_anchors)
             assert verified.aux is not None
-            root = drafter.forward(drafter.fuse(verified.aux[rows]), torch.tensor(new),
-                                   position + torch.arange(len(new)))
+            anchors.add(verified.aux[verdict.rows], new, position)
+            root = anchors.read(drafter)
             result.draft_forwards += 1
             self._commit(result.tokens, new, max_new_tokens)
         result.draft_forwards += grower.forwards
@@ -219,14 +220,14 @@ class Decoder:
             result.target_forwards += 1
             # a plain step (nothing drafted) takes the target's token as the plain loop does
             verdict = self._verdict(tree, verified.logits) if len(tree) else Verdict([], self._pick(verified.logits[-1]))
-            rows = [0] + [node + 1 for node in verdict.accepted]
-            new = [int(tree.tokens[node]) for node in verdict.accepted] + [verdict.bonus]
-            target.keep(len(tree) + 1, rows)
+            new = verdict.committed(tree)
+            target.keep(len(tree) + 1, verdict.rows)
             if drafter is not None:
                 assert verified.aux is not None
                 if len(pending.tokens) >= PENDING_MOST:  # bounded memory while nothing is drafted
                     pending.read(drafter)
-                pending.add(verified.aux[rows], new, position)
+                    result.draft_forwards += 1
+                pending.add(verified.aux[verdict.rows], new, position)
             lookup.extend(new)
             result.accepted.append(len(verdict.accepted))
             result.drafted.append(k)

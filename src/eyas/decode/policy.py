@@ -96,8 +96,7 @@ class ShapePolicy:
         self.shape, self.costs = shape, costs
         self.draft = AcceptanceEstimate(shape.max_chain)
         self.lookup = AcceptanceEstimate(shape.lookup)
-        self.overhead = 0.0
-        self._overhead_seen = False
+        self.overhead: float | None = None  # seconds; None until a speculative round was observed
         self._idle = {"draft": 0, "lookup": 0}  # rounds since each proposer was last verified
         self._wait = {"draft": PROBE_EVERY, "lookup": PROBE_EVERY}  # idle rounds before the next probe
         self._probing: set[str] = set()
@@ -113,7 +112,7 @@ class ShapePolicy:
             for l in range(max_l + 1):
                 if k + l == 0:
                     continue
-                cost = costs.verify(1 + k + l) + k * costs.draft_step + self.overhead
+                cost = costs.verify(1 + k + l) + k * costs.draft_step + (self.overhead or 0.0)
                 rate = expected_tokens(draft, lookup, k, l) / cost
                 if rate > best_rate:
                     best, best_rate = (k, l), rate
@@ -141,5 +140,4 @@ class ShapePolicy:
                 self._idle[name] += 1
         if extra_seconds is not None and k + l:
             extra = max(extra_seconds, 0.0)
-            self.overhead = self.overhead * 0.9 + extra * 0.1 if self._overhead_seen else extra
-            self._overhead_seen = True
+            self.overhead = extra if self.overhead is None else self.overhead * 0.9 + extra * 0.1

@@ -32,6 +32,15 @@ class Verdict:
     accepted: list[int]
     bonus: int
 
+    @property
+    def rows(self) -> list[int]:
+        """The verification rows to keep: the root's (0) and the accepted nodes' (node + 1)."""
+        return [0] + [node + 1 for node in self.accepted]
+
+    def committed(self, tree: DraftTree) -> list[int]:
+        """Return the tokens the round commits: the accepted nodes' tokens, then the bonus token."""
+        return [int(tree.tokens[node]) for node in self.accepted] + [self.bonus]
+
 
 def accept_greedy(tree: DraftTree, target_argmax: torch.Tensor) -> Verdict:
     """Return the verdict for `target_argmax [n+1]` (row 0: the root)."""
