@@ -14,9 +14,11 @@ its parent's anchor output (the training-time-test layout, docs/train.md).
 With `AutoShape` (eyas.decode.policy) each round verifies a greedy draft chain and a
 prompt-lookup branch (eyas.decode.lookup) of lengths a cost model chooses, down to none (a plain
 target step). While no draft is verified, the draft does not read the committed tokens: their
-anchors wait, and are read in one forward when drafting resumes. The candidates are fixed given
-the context (top-1 draft tokens, looked-up tokens), so under sampling the tree verifier keeps the
-target's distribution exactly.
+anchors wait, and are read in one batch when the policy asks (or `PENDING_MOST` wait) or drafting
+resumes; every read scores the draft's first token at each anchor against the committed one, and an
+unverified lookup proposal is scored against the tokens committed after it (hindsight, the
+policy's docstring). The candidates are fixed given the context (top-1 draft tokens, looked-up
+tokens), so under sampling the tree verifier keeps the target's distribution exactly.
 """
 
 from __future__ import annotations
@@ -83,6 +85,16 @@ class _PendingAnchors:
         step = drafter.forward(drafter.fuse(torch.cat(self.aux)), torch.tensor(self.tokens), torch.tensor(self.positions))
         self.aux, self.tokens, self.positions = [], [], []
         return step
+
+
+def first_token_hits(step: DraftStep, first_anchor: int, sequence: list[int], prompt_length: int,
+                     target_ids: torch.Tensor) -> list[bool]:
+    """Return, for the anchors of a draft read `step` (positions `first_anchor`, ...) but the last, whether
+    the draft's top-1 token equals the committed token it predicts; anchor t predicts `sequence[t + 2]`
+    (`sequence`: the prompt and the committed tokens). Predictions of prompt tokens are left out."""
+    guesses = target_ids[step.logits[:-1].argmax(-1).cpu()].tolist()  # [n-1] target ids
+    return [guess == sequence[first_anchor + row + 2] for row, guess in enumerate(guesses)
+            if first_anchor + row + 2 >= prompt_length]
 
 
 def _matched(proposed: list[int], committed: list[int]) -> int:
@@ -202,19 +214,36 @@ class Decoder:
             pending.add(step.aux, prompt[1:] + result.tokens, 0)  # anchors 0..m-1
         policy = self._policy_for(target, drafter, step.aux, result.tokens[0], len(prompt))
         target_ids = target_ids_of(drafter) if drafter is not None else None
+        root: DraftStep | None = None  # the draft's latest read; its last row is the root anchor once all are read
+        unverified: tuple[int, list[int]] | None = None  # a lookup proposal scored in hindsight: (first index, tokens)
+
+        def read_anchors(idle: bool) -> DraftStep:
+            assert drafter is not None and target_ids is not None
+            first = drafter.length
+            read = pending.read(drafter)
+            result.draft_forwards += 1
+            policy.draft_read(first_token_hits(read, first, prompt + result.tokens, len(prompt), target_ids), idle)
+            return read
+
         while not self._done(result.tokens, max_new_tokens):
             started = time.perf_counter()
             position = len(prompt) + len(result.tokens) - 1  # of the root, the last committed token
+            if drafter is not None and pending.tokens and (policy.read_due() or len(pending.tokens) >= PENDING_MOST):
+                root = read_anchors(idle=True)
             proposal = lookup.propose(self.shape.lookup)
             k, l = policy.choose(drafter is not None, len(proposal))
             chain: list[int] = []
             if k:
                 assert drafter is not None and target_ids is not None
-                root = pending.read(drafter)
+                if pending.tokens:
+                    root = read_anchors(idle=False)
+                assert root is not None
                 committed_anchors = drafter.length
                 chain = draft_chain(drafter, root, position - 1, k, target_ids)
                 drafter.crop(committed_anchors)
                 result.draft_forwards += k
+            if not l and proposal and unverified is None:
+                unverified = (len(result.tokens), proposal)
             tree = chain_union(chain, proposal[:l])
             verified = self._verify(target, tree, result.tokens[-1], position)
             result.target_forwards += 1
@@ -224,9 +253,6 @@ class Decoder:
             target.keep(len(tree) + 1, verdict.rows)
             if drafter is not None:
                 assert verified.aux is not None
-                if len(pending.tokens) >= PENDING_MOST:  # bounded memory while nothing is drafted
-                    pending.read(drafter)
-                    result.draft_forwards += 1
                 pending.add(verified.aux[verdict.rows], new, position)
             lookup.extend(new)
             result.accepted.append(len(verdict.accepted))
@@ -237,6 +263,13 @@ class Decoder:
             policy.observe(k, _matched(chain, new), l, _matched(proposal[:l], new),
                            time.perf_counter() - started - modelled)
             self._commit(result.tokens, new, max_new_tokens)
+            if unverified is not None:
+                first, tokens = unverified
+                committed = result.tokens[first:]
+                matched = _matched(tokens, committed)
+                if matched < min(len(tokens), len(committed)) or matched == len(tokens):  # settled
+                    policy.lookup_hindsight(len(tokens), matched)
+                    unverified = None
         return result
 
     def _policy_for(self, target: TargetRunner, drafter: DraftRunner | None, prompt_aux: torch.Tensor | None,

@@ -7,6 +7,7 @@ i tokens of the draft chain, and `u_i` that of the lookup branch, treated as ind
 round is expected to commit
 
     E(k, l) = 1 + sum_{i=1..max(k,l)} [1 - (1 - d_i [i <= k]) (1 - u_i [i <= l])]
+            = 1 + D_k + U_l - P_min(k,l),   D_k = sum_{i<=k} d_i, U_l = sum_{i<=l} u_i, P_j = sum_{i<=j} d_i u_i
 
 tokens (the 1 is the target's own token after the accepted ones), and to cost
 
@@ -15,28 +16,39 @@ tokens (the 1 is the target's own token after the accepted ones), and to cost
 seconds, where `verify` and `draft_step` are measured (eyas.decode.costs) and `overhead` is the
 running mean of what speculative rounds took beyond their modelled cost (Python, masks, cache
 trimming). The policy takes the (k, l) with the most tokens per second E/C; (0, 0) is a plain
-target step, so a draft or a lookup is only verified when it is expected to pay for itself.
+target step, so a draft or a lookup is only verified when it is expected to pay for itself. With
+the prefix sums each pair costs O(1).
 
 `d_i` is a product of conditional acceptances a_j = P(depth j accepted | depth j-1 accepted),
 each estimated from discounted counts (weight 0.98 per new observation, so the estimate follows a
-change of text within about 50 rounds) with a prior of strength 2 centred on a_{j-1} (on 0.5 at
-depth 1), so a depth that is rarely reached borrows from the depth above it. A proposer that has
-not been verified for `PROBE_EVERY` rounds is verified once at one token, so an estimate that
-has gone pessimistic can recover; a probe that is rejected doubles that wait (up to
-`PROBE_EVERY_MOST`), an accepted one resets it. A probe costs a round of two verified tokens
-(on a CPU up to 1.8 plain steps), so a draft that never pays costs a few probes per thousand rounds.
+change of text within about 50 observations) with a prior of strength 2 centred on a_{j-1} (on 0.5
+at depth 1), so a depth that is rarely reached borrows from the depth above it.
+
+Observations come from verified rounds and, for free, from hindsight. Both proposers' candidates
+are fixed given the context (the draft's top-1 chain, the looked-up tokens), and the tokens the
+target commits follow its own distribution whatever was verified, so the chance that a
+verification accepts at least i candidates equals the chance that the target's next i tokens are
+those candidates: comparing an unverified proposal with the tokens committed after it is an
+unbiased observation, greedy or sampled. Hence no probe rounds: a lookup proposal that was not
+verified is scored against the tokens committed after it (one at a time), and the draft's first
+token is scored at every anchor it reads (`first_token_hits` in eyas.decode.decoder). While the draft
+is not verified its anchors wait unread (no draft forward per round), and are read in one batch
+after `READ_EVERY` idle rounds, a wait that doubles after each such read up to `READ_EVERY_MOST`
+and starts over once a draft is verified; so a draft that does not pay costs one batched draft
+forward per wait, and one that becomes useful is noticed within a wait.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import accumulate
 
 from eyas.decode.costs import RoundCosts
 
 DECAY = 0.98
 PRIOR_STRENGTH = 2.0
-PROBE_EVERY = 16
-PROBE_EVERY_MOST = 1024
+READ_EVERY = 16
+READ_EVERY_MOST = 512
 
 
 @dataclass(frozen=True)
@@ -64,7 +76,7 @@ class AcceptanceEstimate:
         self.trials = [0.0] * depth
 
     def update(self, proposed: int, matched: int) -> None:
-        """Record a round that verified `proposed` tokens of which the first `matched` were accepted."""
+        """Record a proposal of `proposed` tokens of which the first `matched` were (or would have been) accepted."""
         for j in range(min(proposed, matched + 1)):  # depth j+1 was reached when j tokens were accepted
             self.trials[j] = self.trials[j] * DECAY + 1.0
             self.hits[j] = self.hits[j] * DECAY + (1.0 if j < matched else 0.0)
@@ -79,65 +91,72 @@ class AcceptanceEstimate:
         return reached
 
 
-def expected_tokens(draft: list[float], lookup: list[float], k: int, l: int) -> float:
-    """Return E(k, l) of the module docstring from the reach lists (`draft[i-1]` = d_i)."""
-    total = 1.0
-    for i in range(max(k, l)):
-        miss_draft = 1.0 - draft[i] if i < k else 1.0
-        miss_lookup = 1.0 - lookup[i] if i < l else 1.0
-        total += 1.0 - miss_draft * miss_lookup
-    return total
+class ExpectedTokens:
+    """E(k, l) of the module docstring in O(1) per pair, from the reach lists (`draft[i-1]` = d_i)."""
+
+    def __init__(self, draft: list[float], lookup: list[float]) -> None:
+        self.draft = [0.0, *accumulate(draft)]  # D_k
+        self.lookup = [0.0, *accumulate(lookup)]  # U_l
+        self.both = [0.0, *accumulate(d * u for d, u in zip(draft, lookup))]  # P_j
+
+    def __call__(self, k: int, l: int) -> float:
+        """Return E(k, l); refuses (IndexError) k or l beyond the reach lists."""
+        return 1.0 + self.draft[k] + self.lookup[l] - self.both[min(k, l)]
 
 
 class ShapePolicy:
-    """Chooses each round's (draft chain length, lookup length) and learns from the verdicts."""
+    """Chooses each round's (draft chain length, lookup length) and learns from verified rounds and hindsight."""
 
     def __init__(self, shape: AutoShape, costs: RoundCosts) -> None:
         self.shape, self.costs = shape, costs
         self.draft = AcceptanceEstimate(shape.max_chain)
         self.lookup = AcceptanceEstimate(shape.lookup)
         self.overhead: float | None = None  # seconds; None until a speculative round was observed
-        self._idle = {"draft": 0, "lookup": 0}  # rounds since each proposer was last verified
-        self._wait = {"draft": PROBE_EVERY, "lookup": PROBE_EVERY}  # idle rounds before the next probe
-        self._probing: set[str] = set()
+        self._verify = [costs.verify(n) for n in range(1, 2 + shape.max_chain + shape.lookup)]  # [n-1]: n tokens
+        self._unread = 0  # rounds since the draft last read its anchors
+        self._read_wait = READ_EVERY
 
     def choose(self, can_draft: bool, lookup_available: int) -> tuple[int, int]:
         """Return (k, l): draft tokens and lookup tokens to verify; `lookup_available` tokens were found."""
         max_k = self.shape.max_chain if can_draft else 0
         max_l = min(self.shape.lookup, lookup_available)
-        draft, lookup = self.draft.reach(max_k), self.lookup.reach(max_l)
-        costs = self.costs
-        best, best_rate = (0, 0), 1.0 / costs.verify(1)
+        expected = ExpectedTokens(self.draft.reach(max_k), self.lookup.reach(max_l))
+        overhead, draft_step = self.overhead or 0.0, self.costs.draft_step
+        best, best_rate = (0, 0), 1.0 / self._verify[0]
         for k in range(max_k + 1):
-            for l in range(max_l + 1):
-                if k + l == 0:
-                    continue
-                cost = costs.verify(1 + k + l) + k * costs.draft_step + (self.overhead or 0.0)
-                rate = expected_tokens(draft, lookup, k, l) / cost
+            for l in range(1 if k == 0 else 0, max_l + 1):
+                rate = expected(k, l) / (self._verify[k + l] + k * draft_step + overhead)
                 if rate > best_rate:
                     best, best_rate = (k, l), rate
-        k, l = best
-        self._probing = set()
-        if max_k and not k and self._idle["draft"] >= self._wait["draft"]:
-            k = 1
-            self._probing.add("draft")
-        if max_l and not l and self._idle["lookup"] >= self._wait["lookup"]:
-            l = 1
-            self._probing.add("lookup")
-        return k, l
+        return best
 
     def observe(self, k: int, k_matched: int, l: int, l_matched: int, extra_seconds: float | None) -> None:
         """Learn from a round that verified `k` draft and `l` lookup tokens, the first `k_matched` and
         `l_matched` of which the target accepted; `extra_seconds`: its wall time beyond the modelled cost."""
-        for name, estimate, proposed, matched in (("draft", self.draft, k, k_matched),
-                                                  ("lookup", self.lookup, l, l_matched)):
-            if proposed:
-                estimate.update(proposed, matched)
-                self._idle[name] = 0
-                if name in self._probing:
-                    self._wait[name] = PROBE_EVERY if matched else min(2 * self._wait[name], PROBE_EVERY_MOST)
-            else:
-                self._idle[name] += 1
+        if k:
+            self.draft.update(k, k_matched)
+            self._unread, self._read_wait = 0, READ_EVERY
+        else:
+            self._unread += 1
+        if l:
+            self.lookup.update(l, l_matched)
         if extra_seconds is not None and k + l:
             extra = max(extra_seconds, 0.0)
             self.overhead = extra if self.overhead is None else self.overhead * 0.9 + extra * 0.1
+
+    def read_due(self) -> bool:
+        """Return whether the draft, not verified for a while, should read its waiting anchors now."""
+        return self._unread >= self._read_wait
+
+    def draft_read(self, hits: list[bool], idle: bool) -> None:
+        """Learn from the draft's first-token hits at the anchors it read; `idle`: a read while no draft is
+        verified (the wait before the next one doubles)."""
+        for hit in hits:
+            self.draft.update(1, int(hit))
+        if idle:
+            self._unread, self._read_wait = 0, min(2 * self._read_wait, READ_EVERY_MOST)
+
+    def lookup_hindsight(self, proposed: int, matched: int) -> None:
+        """Learn from a lookup proposal of `proposed` tokens that was not verified, of which the first
+        `matched` equal the tokens committed after it."""
+        self.lookup.update(proposed, matched)
