@@ -149,7 +149,7 @@ def main() -> None:
 
     base_rate = base["tokens"] / base["seconds"]
     lookup_rate = lookup["tokens"] / lookup["seconds"]
-    for shape, totals in zip(shapes, spec):
+    for shape, totals, decoder in zip(shapes, spec, decoders):
         rounds = totals["rounds"]
         rate = totals["tokens"] / totals["seconds"]
         print(json.dumps({
@@ -164,7 +164,9 @@ def main() -> None:
             "overhead_ms_per_round": round(1000 * totals["overhead"] / len(rounds), 3),
             **({"draft_length_counts": dict(sorted(Counter(totals["drafted"]).items())),
                 "lookup_length_counts": dict(sorted(Counter(totals["looked_up"]).items())),
-                "accepted_from_lookup": totals["from_lookup"], "accepted": sum(rounds)} if totals["drafted"] else {}),
+                "accepted_from_lookup": totals["from_lookup"], "accepted": sum(rounds),
+                "costs": decoder.costs.record(), "cost_scale": [round(x, 3) for x in decoder.policy.scale]}
+               if totals["drafted"] else {}),
         }), flush=True)
 
 

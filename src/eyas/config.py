@@ -53,6 +53,8 @@ class DemoConfig(StageConfig):
     out: Path = Field(description="run root: prompts/ and report/ go here")
     train_prompts: PositiveInt = Field(2400, description="training prompts drawn (stdlib and general instructions)", json_schema_extra=DECIDES)
     seed: int = Field(0, description="draw of the training prompts", json_schema_extra=DECIDES)
+    chain: PositiveInt | None = Field(None, description="also evaluate a fixed chain of K on both held-out sets "
+                                                       "(report/chain/, report/chat-chain/); vLLM serves this chain")
     tree: str | None = Field(None, description="also evaluate this EAGLE-2 tree DEPTH,TOPK,TOTAL (the eval section's "
                                                "prompts and sampling) into report/tree/")
     vllm: Literal["auto", "on", "off"] = Field(

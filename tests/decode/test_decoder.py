@@ -22,6 +22,7 @@ from eyas.decode.costs import RoundCosts
 from eyas.decode.decoder import Decoder, first_token_hits
 from eyas.decode.drafting import TreeShape, target_ids_of
 from eyas.decode.policy import AutoShape
+from eyas.decode.replay import greedy_continuation, replay_chain
 from eyas.decode.runners import DraftRunner
 from eyas.decode.sampling import Sampling
 from eyas.decode.verify import Verdict
@@ -284,6 +285,7 @@ def test_the_measured_costs_are_sane_and_kept(pair) -> None:
     costs = decoder.costs
     assert costs is not None and costs.verify(1) > 0 and costs.draft_step > 0
     assert costs.verify_sizes == (1, 2, 3, 4, 6, 8, 12, 16) and all(s > 0 for s in costs.verify_seconds)
+    assert list(costs.verify_seconds) == sorted(costs.verify_seconds)  # a larger forward never costs less
     decoder.generate(prompts[1], 4)
     assert decoder.costs is costs  # measured once per decoder
 
@@ -331,3 +333,22 @@ def test_the_auto_check_catches_a_wrong_tree_verifier(pair, monkeypatch: pytest.
     decoder = Decoder(parts, overconfident(draft), AutoShape(3, 3), sampling, set(), seed=7, costs=FLAT)
     observed, _, _ = sample_joint(decoder, prompt, 1200)
     assert joint_p_value(observed, expected) < 1e-4
+
+
+@pytest.mark.parametrize("chain", [1, 4])
+def test_a_replayed_chain_accepts_what_the_decoder_accepts(pair, chain: int) -> None:
+    """`replay_chain` scores a draft against the target's greedy continuation without verification
+    forwards; its accepted counts per round equal the decoder's own, with and without an EOS inside."""
+    parts, draft, prompts = pair
+    rounds = 0
+    for number, prompt in enumerate(prompts):
+        continuation = greedy_continuation(parts, prompt, NEW_TOKENS, draft.config.aux_layer_ids)
+        decoded = Decoder(parts, draft, TreeShape.chain_of(chain), Sampling(), set()).generate(prompt, NEW_TOKENS)
+        assert continuation.tokens[:NEW_TOKENS] == decoded.tokens
+        assert replay_chain(draft, continuation, chain, set()) == decoded.accepted
+        rounds += len(decoded.accepted)
+        if number < 3:  # an EOS a third of the way in
+            eos = {decoded.tokens[len(decoded.tokens) // 3]}
+            stopped = Decoder(parts, draft, TreeShape.chain_of(chain), Sampling(), eos).generate(prompt, NEW_TOKENS)
+            assert replay_chain(draft, continuation, chain, eos) == stopped.accepted
+    assert rounds < len(prompts) * NEW_TOKENS  # tokens were accepted: the replay was not trivially plain

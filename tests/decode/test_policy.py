@@ -1,5 +1,5 @@
 """The cost-aware policy alone: E(k, l) against its definition, the choice under extreme costs, learning
-from hindsight (no probe rounds), and the schedule of the draft's reads while it is not verified."""
+from hindsight (no probe rounds), costs corrected by observed forwards, and the schedule of the draft's reads while it is not verified."""
 
 from __future__ import annotations
 
@@ -64,6 +64,21 @@ def test_lookup_hindsight_starts_and_stops_the_lookup() -> None:
     for _ in range(150):  # deeper depths stay likely once the first is taken: E(0, 6) ~ 1 + 6 a_1 must fall below 2
         policy.lookup_hindsight(6, 0)
     assert policy.choose(False, 6) == (0, 0)
+
+
+def test_observed_forward_times_correct_the_measured_costs() -> None:
+    """Measured: every size costs 1 s, so the prior's lookup (E(0, 6) ~ 2) pays; plain steps then observed
+    at 0.4 s make a plain step worth 2.5 tokens per second, and the policy stops verifying the lookup."""
+    policy = ShapePolicy(AutoShape(0, 6), FLAT)
+    assert policy.choose(False, 6) == (0, 6)
+    for _ in range(40):
+        policy.observe(0, 0, 0, 0, forward_seconds=0.4)
+    assert policy.scale[0] == pytest.approx(0.4, abs=0.01) and policy.scale[1] == 1.0
+    assert policy.choose(False, 6) == (0, 0)
+    given = ShapePolicy(AutoShape(0, 6), FLAT, correct_costs=False)  # costs the caller vouches for stay as given
+    for _ in range(40):
+        given.observe(0, 0, 0, 0, forward_seconds=0.4)
+    assert given.scale == [1.0, 1.0] and given.choose(False, 6) == (0, 6)
 
 
 def idle_rounds_until_due(policy: ShapePolicy) -> int:

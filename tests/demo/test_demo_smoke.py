@@ -1,7 +1,8 @@
 """The demo pipeline end to end on the embedded SmolLM2 target at smoke size (slow: a few minutes):
-every stage runs from one YAML file, the report (chain, and the tree in report/tree) lands in
-OUT/report with the exported draft, and a second run reuses every finished stage and gives the same
-report."""
+every stage runs from one YAML file, the reports of every evaluation pass (the auto shape on HumanEval
+and on the held-out chat set, the draft alone on the chat set, the chain on both, the tree) and the
+goals land in OUT/report with the exported draft, and a second run reuses every finished stage and
+gives the same report."""
 
 from __future__ import annotations
 
@@ -37,8 +38,18 @@ def test_smoke_demo_runs_every_stage_and_reuses_them(tmp_path: Path) -> None:
     report = run_demo(config)
     assert report == tmp_path / "run" / "report"
     first = json.loads((report / "report.json").read_text())
-    assert first["prompts"] == 2 and first["decoding"] == "chain 3" and first["prompt_lookup"] is not None
+    assert first["prompts"] == 2 and first["decoding"].startswith("auto") and first["prompt_lookup"] is not None
     assert first["same_as_baseline"] == 2  # greedy: the target's own output
+    passes = {label: json.loads((report / label / "report.json").read_text())
+              for label in ("chat", "chat-draft", "chain", "chat-chain")}
+    assert {label: p["decoding"] for label, p in passes.items()} == {
+        "chat": first["decoding"], "chat-draft": "auto (chain <= 8, lookup <= 0)", "chain": "chain 3", "chat-chain": "chain 3"}
+    assert all(p["prompts"] == 2 and p["same_as_baseline"] == 2 for p in passes.values())
+    assert "chat-prompts.jsonl" in (tmp_path / "run" / "eval-chat" / "config.yaml").read_text()
+    goals = json.loads((report / "goals.json").read_text())
+    assert goals["chain tau >= 2.0 (chat)"] == {"decoding": "chain 3", "value": round(passes["chat-chain"]["tau"], 3),
+                                                "met": passes["chat-chain"]["tau"] >= 2.0}
+    assert goals["never slower than the target (chat)"]["value"] == round(passes["chat"]["speedup"], 3)
     assert (report / "acceptance.png").is_file()
     assert first["precision"]["dtype"] == "float32" and first["machine"]["cpu_capability"]
     stages = json.loads((report / "stages.json").read_text())

@@ -1,5 +1,6 @@
-"""The demo's prompts: 164 HumanEval problems for evaluation, 2,400 distinct training prompts derived
-offline (stdlib signatures and docstrings, eyas's general instructions), disjoint from HumanEval."""
+"""The demo's prompts: 164 HumanEval problems and 96 chat instructions for evaluation, 2,400 distinct
+training prompts derived offline (stdlib signatures and docstrings, eyas's general instructions),
+disjoint from both."""
 
 from __future__ import annotations
 
@@ -7,7 +8,10 @@ import json
 import re
 from pathlib import Path
 
-from eyas.demo.prompts import humaneval_prompts, training_prompts, write_prompt_files
+from eyas.demo.prompts import (
+    CHAT_TEMPLATES, CHAT_TOPICS, GENERAL_TEMPLATES, GENERAL_TOPICS, chat_prompts, humaneval_prompts, training_prompts,
+    write_prompt_files,
+)
 
 
 def test_training_prompts_are_many_distinct_and_disjoint_from_humaneval() -> None:
@@ -26,7 +30,21 @@ def test_training_prompts_are_many_distinct_and_disjoint_from_humaneval() -> Non
 
 def test_the_same_seed_gives_the_same_prompts_and_files(tmp_path: Path) -> None:
     assert training_prompts(100, seed=3) == training_prompts(100, seed=3) != training_prompts(100, seed=4)
-    train, evaluation = write_prompt_files(tmp_path, count=50)
+    train, evaluation, chat = write_prompt_files(tmp_path, count=50)
+    assert [json.loads(line) for line in chat.read_text().splitlines()] == chat_prompts()
     assert len(train.read_text().splitlines()) == 50
     first = json.loads(evaluation.read_text().splitlines()[0])
     assert first["prompt"].startswith("Complete the following Python function.") and "def has_close_elements" in first["prompt"]
+
+
+def test_the_chat_set_shares_no_template_and_no_topic_with_training() -> None:
+    chat = chat_prompts()
+    assert len(chat) == 96 and len({p["prompt"] for p in chat}) == 96
+    assert not set(CHAT_TEMPLATES) & set(GENERAL_TEMPLATES)
+    assert not {t.lower() for t in CHAT_TOPICS} & {t.lower() for t in GENERAL_TOPICS}
+    training = [p["prompt"].lower() for p in training_prompts()]
+    for topic in CHAT_TOPICS:
+        assert not any(topic.lower() in prompt for prompt in training), topic
+    for template in CHAT_TEMPLATES:
+        stem = template.split("{topic}")[0].lower()
+        assert not any(prompt.startswith(stem) for prompt in training), template

@@ -1,9 +1,12 @@
 """What a decoding round costs on the device at hand, measured once per decoder.
 
 A verification forward of n tokens (the root plus n-1 drafted ones) after a cached prefix is
-timed for n in `VERIFY_SIZES` (median of three, after one untimed pass; each forward is dropped
-from the cache again), and the cost of other sizes is interpolated linearly between the measured
-ones (extrapolated beyond the largest with the last segment's slope). No straight line is fitted:
+timed for n in `VERIFY_SIZES` (one untimed pass, then three timed passes over all the sizes in turn,
+so that a slow moment hits one pass of every size rather than every pass of one size; the median
+per size; each forward is dropped from the cache again). A forward of more tokens never costs
+less, so each size costs at least what a smaller one did. The cost of other sizes is interpolated
+linearly between the measured ones (extrapolated beyond the largest with the last segment's slope);
+the policy corrects the table online (eyas.decode.policy). No straight line is fitted:
 on a CPU the step from one token to two is the largest (a matrix-vector product becomes a
 matrix-matrix one: SmolLM2-135M in float32 on 2 AVX2 cores took 50 ms for one token, 87 ms for
 two, 125 ms for sixteen), and a line through all sizes misplaced exactly the sizes that decide
@@ -17,6 +20,7 @@ import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from itertools import accumulate
 
 import torch
 
@@ -74,15 +78,16 @@ def measure_costs(target: TargetRunner, drafter: DraftRunner | None, token: int,
     `token` is fed at `position` (and after it) as the verified tokens; `feature [1, H]` is the draft
     feature a measured draft step reads (ignored without a drafter, whose step then costs 0).
     """
-    seconds = []
+    def verify(size: int) -> float:
+        started = time.perf_counter()
+        target.forward(torch.full((size,), token), position + torch.arange(size))
+        target.keep(size, [])
+        return time.perf_counter() - started
+
     for size in VERIFY_SIZES:
-        tokens, positions = torch.full((size,), token), position + torch.arange(size)
-
-        def verify(tokens: torch.Tensor = tokens, positions: torch.Tensor = positions, size: int = size) -> None:
-            target.forward(tokens, positions)
-            target.keep(size, [])
-
-        seconds.append(_median_seconds(verify, 3))
+        verify(size)
+    passes = [[verify(size) for size in VERIFY_SIZES] for _ in range(3)]
+    seconds = list(accumulate((statistics.median(times) for times in zip(*passes)), max))  # never cheaper when larger
     if drafter is None or feature is None:
         return RoundCosts(VERIFY_SIZES, tuple(seconds), 0.0)
     length = drafter.length

@@ -113,7 +113,8 @@ class Decoder:
 
     def __init__(self, parts: TargetParts, draft: Eagle3Draft | None, shape: TreeShape | AutoShape | None,
                  sampling: Sampling, eos_ids: set[int], seed: int = 0, costs: RoundCosts | None = None) -> None:
-        """`costs`: the round costs `AutoShape` plans with (default: measured at the first generation).
+        """`costs`: the round costs `AutoShape` plans with, as given (default: measured at the first generation
+        and corrected by the forwards observed, eyas.decode.policy).
         Refuses a draft without a shape and a fixed shape without a draft."""
         if draft is not None and shape is None:
             raise ValueError("a draft needs a tree, chain or auto shape")
@@ -245,7 +246,9 @@ class Decoder:
             if not l and proposal and unverified is None:
                 unverified = (len(result.tokens), proposal)
             tree = chain_union(chain, proposal[:l])
+            verifying = time.perf_counter()
             verified = self._verify(target, tree, result.tokens[-1], position)
+            forward_seconds = time.perf_counter() - verifying
             result.target_forwards += 1
             # a plain step (nothing drafted) takes the target's token as the plain loop does
             verdict = self._verdict(tree, verified.logits) if len(tree) else Verdict([], self._pick(verified.logits[-1]))
@@ -259,9 +262,8 @@ class Decoder:
             result.drafted.append(k)
             result.looked_up.append(l)
             result.from_lookup.append(sum(node >= len(chain) for node in verdict.accepted))
-            modelled = policy.costs.verify(len(tree) + 1) + k * policy.costs.draft_step
-            policy.observe(k, _matched(chain, new), l, _matched(proposal[:l], new),
-                           time.perf_counter() - started - modelled)
+            policy.observe(k, _matched(chain, new), l, _matched(proposal[:l], new), forward_seconds,
+                           time.perf_counter() - started - forward_seconds - k * policy.costs.draft_step)
             self._commit(result.tokens, new, max_new_tokens)
             if unverified is not None:
                 first, tokens = unverified
@@ -278,11 +280,11 @@ class Decoder:
         cache holding the prompt (the draft step is measured on the prompt's last feature alone)."""
         if self.policy is None:
             assert isinstance(self.shape, AutoShape)
-            costs = self.costs
+            costs, measured = self.costs, self.costs is None
             if costs is None:
                 feature = drafter.fuse(prompt_aux[-1:]) if drafter is not None and prompt_aux is not None else None
                 costs = measure_costs(target, drafter, token, position, feature)
-            self.costs, self.policy = costs, ShapePolicy(self.shape, costs)
+            self.costs, self.policy = costs, ShapePolicy(self.shape, costs, correct_costs=measured)
         return self.policy
 
     @staticmethod

