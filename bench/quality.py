@@ -7,8 +7,10 @@ section into `--out/<name>` (`eyas train`'s `run_train`: a finished run is reuse
 resumes), changing only what the run's name says:
 - the curve: `max_steps` = each of `--steps` (fewer steps than an epoch train on a prefix of the
   shuffled data; more repeat it), plus the demo's own finished training run as a point when it exists;
-- the ablations: one change each to the recipe at `--ablation-steps` steps, against the recipe itself
-  at the same steps (`vs_recipe`: the ratio of (tau - 1), the tokens a round gains, to the recipe's).
+- the ablations: one change each to the recipe at `--ablation-steps` steps (a `token_budget` change
+  scales the steps so the training tokens stay equal), against the recipe itself at the same steps
+  (`vs_recipe`: the ratio of (tau - 1), the tokens a round gains, to the recipe's). Equal training
+  tokens, not equal compute: `train_seconds` says what each cost (TTT depth multiplies it).
 
 Held-out tau: greedy chain-`--chain` decoding replayed (`eyas.decode.replay`, equal to eyas's decoder
 round for round) on the first `--limit` prompts x `--max-new-tokens` of both held-out sets: the demo's
@@ -16,7 +18,8 @@ HumanEval prompts and its chat set. The target's continuations are computed once
 script and shared by every draft. `implied_tau`: the training run's last eval line (held-out samples of
 the training distribution, from teacher-forced per-step accuracies, docs/plot.md).
 
-Output: one JSON line per run (stdout), `--out/quality.jsonl` (the same lines), and `--out/quality.png`:
+Output: one JSON line per run (stdout), `--out/quality.jsonl` (the same lines), `--out/quality-table.md`
+(a markdown table of them), and `--out/quality.png`:
 tau against training tokens (log scale) on both sets, implied tau beside them, the ablations as
 markers. Torch runs `--threads` intra-op threads (default 2); training runs with the YAML's settings.
 """
@@ -44,7 +47,7 @@ from eyas.models.tokenizer import load_tokenizer
 from eyas.precision import machine_record
 from eyas.train.loop import run_train
 
-ABLATIONS = "ttt_steps=1 ttt_steps=3 lr=0.001 lr=0.002 token_budget=1024"
+ABLATIONS = "ttt_steps=1 ttt_steps=3 lr=0.001 lr=0.002 token_budget=1024 draft_vocab_size=2048"
 
 
 def parse_change(text: str) -> tuple[str, Any]:
@@ -82,6 +85,21 @@ def held_out_tau(run_dir: Path, parts: Any, sets: dict[str, list[Continuation]],
         figures[name] = {"tau": round(1 + sum(rounds) / len(rounds), 4),
                          "first_acceptance": round(sum(a > 0 for a in rounds) / len(rounds), 4), "rounds": len(rounds)}
     return figures
+
+
+def table(lines: list[dict[str, Any]]) -> str:
+    """Return the runs as a markdown table (curve by tokens, then the ablations)."""
+    rows = ["| run | training tokens | train s | tau HumanEval (first acc.) | tau chat (first acc.) | implied tau | vs recipe (HE, chat) |",
+            "|---|---|---|---|---|---|---|"]
+    ordered = sorted((line for line in lines if line["kind"] == "curve"), key=lambda line: line["tokens"])
+    for line in ordered + [line for line in lines if line["kind"] == "ablation"]:
+        ratio = line.get("vs_recipe")
+        implied = "-" if line["implied_tau"] is None else f"{line['implied_tau']:.3f}"
+        rows.append(f"| {line['name']} | {line['tokens']:,} | {line['train_seconds']:.0f} | "
+                    f"{line['humaneval']['tau']:.3f} ({line['humaneval']['first_acceptance']:.3f}) | "
+                    f"{line['chat']['tau']:.3f} ({line['chat']['first_acceptance']:.3f}) | {implied} | "
+                    + (f"{ratio['humaneval']:.2f}, {ratio['chat']:.2f} |" if ratio else "- |"))
+    return "\n".join(rows) + "\n"
 
 
 def plot(lines: list[dict[str, Any]], path: Path) -> None:
@@ -140,8 +158,11 @@ def main() -> None:
             runs.append(("curve", base, recipe.model_copy(update={"max_steps": args.ablation_steps, "out": args.out / base})))
         for field, value in changes:
             name = f"{field}={value}"
+            steps = args.ablation_steps  # a smaller batch takes more steps: the training tokens stay equal
+            if field == "token_budget":
+                steps = max(1, round(args.ablation_steps * recipe.token_budget / int(value)))
             runs.append(("ablation", name, TrainConfig.model_validate({
-                **recipe.model_dump(), field: value, "max_steps": args.ablation_steps, "out": args.out / name})))
+                **recipe.model_dump(), field: value, "max_steps": steps, "out": args.out / name})))
 
     target = recipe.target or evaluation.target
     tokenizer = load_tokenizer(target)
@@ -180,6 +201,7 @@ def main() -> None:
             print(json.dumps({"bench": "quality", "kind": "ablation-ratio", "name": line["name"], "vs_recipe": line["vs_recipe"]}),
                   flush=True)
     write_text_atomic(args.out / "quality.jsonl", "".join(json.dumps(line) + "\n" for line in lines))
+    write_text_atomic(args.out / "quality-table.md", table(lines))
     plot(lines, args.out / "quality.png")
     print(f"quality: {args.out / 'quality.png'}", file=sys.stderr)
 

@@ -38,47 +38,58 @@ def test_expected_tokens_from_prefix_sums_is_the_definition() -> None:
 
 
 def test_the_choice_follows_the_costs() -> None:
-    assert ShapePolicy(AutoShape(6, 8), FLAT).choose(True, 5) == (6, 5)  # all there is
-    assert ShapePolicy(AutoShape(6, 8), FLAT).choose(False, 20) == (0, 8)
-    assert ShapePolicy(AutoShape(6, 8), COSTLY).choose(True, 20) == (0, 0)
+    assert ShapePolicy(AutoShape(6, 8), FLAT).choose(True, 5, 3) == (6, 5)  # all there is
+    assert ShapePolicy(AutoShape(6, 8), FLAT).choose(False, 20, 3) == (0, 8)
+    assert ShapePolicy(AutoShape(6, 8), COSTLY).choose(True, 20, 3) == (0, 0)
 
 
 def test_hindsight_alone_starts_and_stops_drafting() -> None:
     """Under STEEP costs the prior (acceptance 0.5) does not pay; hits seen in hindsight make the draft pay
     (no round verified it), and misses stop it again."""
     policy = ShapePolicy(AutoShape(4, 0), STEEP)
-    assert policy.choose(True, 0) == (0, 0)
+    assert policy.choose(True, 0, 0) == (0, 0)
     policy.draft_read([True] * 60, idle=True)
-    k, _ = policy.choose(True, 0)
+    k, _ = policy.choose(True, 0, 0)
     assert k >= 1
     policy.draft_read([False] * 60, idle=True)
-    assert policy.choose(True, 0) == (0, 0)
+    assert policy.choose(True, 0, 0) == (0, 0)
 
 
 def test_lookup_hindsight_starts_and_stops_the_lookup() -> None:
     policy = ShapePolicy(AutoShape(0, 6), STEEP)
-    assert policy.choose(False, 6) == (0, 0)
+    assert policy.choose(False, 6, 3) == (0, 0)
     for _ in range(40):
-        policy.lookup_hindsight(6, 6)
-    assert policy.choose(False, 6) == (0, 6)
+        policy.lookup_hindsight(6, 6, 3)
+    assert policy.choose(False, 6, 3) == (0, 6)
     for _ in range(150):  # deeper depths stay likely once the first is taken: E(0, 6) ~ 1 + 6 a_1 must fall below 2
-        policy.lookup_hindsight(6, 0)
-    assert policy.choose(False, 6) == (0, 0)
+        policy.lookup_hindsight(6, 0, 3)
+    assert policy.choose(False, 6, 3) == (0, 0)
+
+
+def test_lookup_estimates_are_kept_per_matched_ngram_length() -> None:
+    """Three-token matches that are always taken make a three-token match pay, not a one-token match
+    whose proposals were always wrong."""
+    policy = ShapePolicy(AutoShape(0, 6), STEEP)
+    for _ in range(40):
+        policy.lookup_hindsight(6, 6, 3)
+        policy.lookup_hindsight(6, 0, 1)
+    assert policy.choose(False, 6, 3) == (0, 6)
+    assert policy.choose(False, 6, 1) == (0, 0)
 
 
 def test_observed_forward_times_correct_the_measured_costs() -> None:
     """Measured: every size costs 1 s, so the prior's lookup (E(0, 6) ~ 2) pays; plain steps then observed
     at 0.4 s make a plain step worth 2.5 tokens per second, and the policy stops verifying the lookup."""
     policy = ShapePolicy(AutoShape(0, 6), FLAT)
-    assert policy.choose(False, 6) == (0, 6)
+    assert policy.choose(False, 6, 3) == (0, 6)
     for _ in range(40):
         policy.observe(0, 0, 0, 0, forward_seconds=0.4)
     assert policy.scale[0] == pytest.approx(0.4, abs=0.01) and policy.scale[1] == 1.0
-    assert policy.choose(False, 6) == (0, 0)
+    assert policy.choose(False, 6, 3) == (0, 0)
     given = ShapePolicy(AutoShape(0, 6), FLAT, correct_costs=False)  # costs the caller vouches for stay as given
     for _ in range(40):
         given.observe(0, 0, 0, 0, forward_seconds=0.4)
-    assert given.scale == [1.0, 1.0] and given.choose(False, 6) == (0, 6)
+    assert given.scale == [1.0, 1.0] and given.choose(False, 6, 3) == (0, 6)
 
 
 def idle_rounds_until_due(policy: ShapePolicy) -> int:

@@ -216,7 +216,7 @@ class Decoder:
         policy = self._policy_for(target, drafter, step.aux, result.tokens[0], len(prompt))
         target_ids = target_ids_of(drafter) if drafter is not None else None
         root: DraftStep | None = None  # the draft's latest read; its last row is the root anchor once all are read
-        unverified: tuple[int, list[int]] | None = None  # a lookup proposal scored in hindsight: (first index, tokens)
+        unverified: tuple[int, list[int], int] | None = None  # a lookup proposal scored in hindsight: (first index, tokens, n)
 
         def read_anchors(idle: bool) -> DraftStep:
             assert drafter is not None and target_ids is not None
@@ -231,8 +231,8 @@ class Decoder:
             position = len(prompt) + len(result.tokens) - 1  # of the root, the last committed token
             if drafter is not None and pending.tokens and (policy.read_due() or len(pending.tokens) >= PENDING_MOST):
                 root = read_anchors(idle=True)
-            proposal = lookup.propose(self.shape.lookup)
-            k, l = policy.choose(drafter is not None, len(proposal))
+            proposal, ngram = lookup.propose(self.shape.lookup)
+            k, l = policy.choose(drafter is not None, len(proposal), ngram)
             chain: list[int] = []
             if k:
                 assert drafter is not None and target_ids is not None
@@ -244,7 +244,7 @@ class Decoder:
                 drafter.crop(committed_anchors)
                 result.draft_forwards += k
             if not l and proposal and unverified is None:
-                unverified = (len(result.tokens), proposal)
+                unverified = (len(result.tokens), proposal, ngram)
             tree = chain_union(chain, proposal[:l])
             verifying = time.perf_counter()
             verified = self._verify(target, tree, result.tokens[-1], position)
@@ -262,15 +262,15 @@ class Decoder:
             result.drafted.append(k)
             result.looked_up.append(l)
             result.from_lookup.append(sum(node >= len(chain) for node in verdict.accepted))
-            policy.observe(k, _matched(chain, new), l, _matched(proposal[:l], new), forward_seconds,
+            policy.observe(k, _matched(chain, new), l, _matched(proposal[:l], new), ngram, forward_seconds,
                            time.perf_counter() - started - forward_seconds - k * policy.costs.draft_step)
             self._commit(result.tokens, new, max_new_tokens)
             if unverified is not None:
-                first, tokens = unverified
+                first, tokens, found_after = unverified
                 committed = result.tokens[first:]
                 matched = _matched(tokens, committed)
                 if matched < min(len(tokens), len(committed)) or matched == len(tokens):  # settled
-                    policy.lookup_hindsight(len(tokens), matched)
+                    policy.lookup_hindsight(len(tokens), matched, found_after)
                     unverified = None
         return result
 

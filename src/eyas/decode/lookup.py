@@ -36,15 +36,15 @@ class PromptLookup:
                     self._latest[n - 1][tuple(self.context[stop - n:stop])] = stop
         self._indexed = max(self._indexed, end)
 
-    def propose(self, max_tokens: int) -> list[int]:
+    def propose(self, max_tokens: int) -> tuple[list[int], int]:
         """Return up to `max_tokens` tokens that followed the latest earlier match of the longest
-        matching suffix n-gram (empty: no match, or `max_tokens` is 0)."""
+        matching suffix n-gram, and that n (`[], 0`: no match, or `max_tokens` is 0)."""
         length = len(self.context)
         if max_tokens <= 0 or length < 2:
-            return []
+            return [], 0
         self._index_up_to(length - 1)  # matches must end before the suffix itself ends
         for n in range(min(self.max_ngram, length - 1), 0, -1):
             end = self._latest[n - 1].get(tuple(self.context[length - n:]))
             if end is not None:
-                return self.context[end:end + max_tokens]
-        return []
+                return self.context[end:end + max_tokens], n
+        return [], 0

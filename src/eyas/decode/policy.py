@@ -24,6 +24,11 @@ measured are taken as they are). The policy takes the (k, l) with the most token
 target step, so a draft or a lookup is only verified when it is expected to pay for itself. With
 the prefix sums each pair costs O(1).
 
+The lookup branch is estimated separately for each length of the n-gram its proposal matched (a
+continuation found after the context's last three tokens is accepted far more often than one found
+after the last token alone: copying a signature or a docstring line versus a common word), so a
+reliable match is verified while a weak one is not.
+
 `d_i` is a product of conditional acceptances a_j = P(depth j accepted | depth j-1 accepted),
 each estimated from discounted counts (weight 0.98 per new observation, so the estimate follows a
 change of text within about 50 observations) with a prior of strength 2 centred on a_{j-1} (on 0.5
@@ -116,18 +121,24 @@ class ShapePolicy:
         """`correct_costs`: scale `costs` by the observed forward times (False: take them as given)."""
         self.shape, self.costs, self.correct_costs = shape, costs, correct_costs
         self.draft = AcceptanceEstimate(shape.max_chain)
-        self.lookup = AcceptanceEstimate(shape.lookup)
+        self.lookup: dict[int, AcceptanceEstimate] = {}  # by the n-gram length of the proposal
         self.overhead: float | None = None  # seconds; None until a speculative round was observed
         self._measured = [costs.verify(n) for n in range(1, 2 + shape.max_chain + shape.lookup)]  # [n-1]: n tokens
         self.scale = [1.0, 1.0]  # observed / measured target-forward seconds: plain steps, 2+ verified tokens
         self._unread = 0  # rounds since the draft last read its anchors
         self._read_wait = READ_EVERY
 
-    def choose(self, can_draft: bool, lookup_available: int) -> tuple[int, int]:
-        """Return (k, l): draft tokens and lookup tokens to verify; `lookup_available` tokens were found."""
+    def _lookup(self, ngram: int) -> AcceptanceEstimate:
+        if ngram not in self.lookup:
+            self.lookup[ngram] = AcceptanceEstimate(self.shape.lookup)
+        return self.lookup[ngram]
+
+    def choose(self, can_draft: bool, lookup_available: int, ngram: int) -> tuple[int, int]:
+        """Return (k, l): draft tokens and lookup tokens to verify; `lookup_available` tokens were found
+        after a match of an `ngram`-token suffix."""
         max_k = self.shape.max_chain if can_draft else 0
         max_l = min(self.shape.lookup, lookup_available)
-        expected = ExpectedTokens(self.draft.reach(max_k), self.lookup.reach(max_l))
+        expected = ExpectedTokens(self.draft.reach(max_k), self._lookup(ngram).reach(max_l) if max_l else [])
         overhead, draft_step, verify, scale = self.overhead or 0.0, self.costs.draft_step, self._measured, self.scale[1]
         best, best_rate = (0, 0), 1.0 / (verify[0] * self.scale[0])
         for k in range(max_k + 1):
@@ -137,11 +148,11 @@ class ShapePolicy:
                     best, best_rate = (k, l), rate
         return best
 
-    def observe(self, k: int, k_matched: int, l: int, l_matched: int, forward_seconds: float | None = None,
-                extra_seconds: float | None = None) -> None:
-        """Learn from a round that verified `k` draft and `l` lookup tokens, the first `k_matched` and
-        `l_matched` of which the target accepted; `forward_seconds`: its target forward's wall time;
-        `extra_seconds`: its wall time beyond its target and draft forwards."""
+    def observe(self, k: int, k_matched: int, l: int, l_matched: int, ngram: int = 0,
+                forward_seconds: float | None = None, extra_seconds: float | None = None) -> None:
+        """Learn from a round that verified `k` draft and `l` lookup tokens (found after an `ngram`-token
+        match), the first `k_matched` and `l_matched` of which the target accepted; `forward_seconds`: its
+        target forward's wall time; `extra_seconds`: its wall time beyond its target and draft forwards."""
         if forward_seconds is not None and self.correct_costs:
             plain = k + l == 0
             ratio = forward_seconds / self._measured[k + l]
@@ -152,7 +163,7 @@ class ShapePolicy:
         else:
             self._unread += 1
         if l:
-            self.lookup.update(l, l_matched)
+            self._lookup(ngram).update(l, l_matched)
         if extra_seconds is not None and k + l:
             extra = max(extra_seconds, 0.0)
             self.overhead = extra if self.overhead is None else self.overhead * 0.9 + extra * 0.1
@@ -169,7 +180,7 @@ class ShapePolicy:
         if idle:
             self._unread, self._read_wait = 0, min(2 * self._read_wait, READ_EVERY_MOST)
 
-    def lookup_hindsight(self, proposed: int, matched: int) -> None:
-        """Learn from a lookup proposal of `proposed` tokens that was not verified, of which the first
-        `matched` equal the tokens committed after it."""
-        self.lookup.update(proposed, matched)
+    def lookup_hindsight(self, proposed: int, matched: int, ngram: int) -> None:
+        """Learn from a lookup proposal of `proposed` tokens (found after an `ngram`-token match) that was
+        not verified, of which the first `matched` equal the tokens committed after it."""
+        self._lookup(ngram).update(proposed, matched)
