@@ -18,10 +18,11 @@ import pytest
 import torch
 from conftest import chi_square_p_value
 
+from eyas.decode import decoder as decoder_module
 from eyas.decode.costs import RoundCosts
 from eyas.decode.decoder import Decoder, first_token_hits
 from eyas.decode.drafting import TreeShape, target_ids_of
-from eyas.decode.policy import AutoShape
+from eyas.decode.policy import AutoShape, ShapePolicy
 from eyas.decode.replay import greedy_continuation, replay_chain
 from eyas.decode.runners import DraftRunner
 from eyas.decode.sampling import Sampling
@@ -352,3 +353,55 @@ def test_a_replayed_chain_accepts_what_the_decoder_accepts(pair, chain: int) -> 
             stopped = Decoder(parts, draft, TreeShape.chain_of(chain), Sampling(), eos).generate(prompt, NEW_TOKENS)
             assert replay_chain(draft, continuation, chain, eos) == stopped.accepted
     assert rounds < len(prompts) * NEW_TOKENS  # tokens were accepted: the replay was not trivially plain
+
+
+def brute_force_lookup(context: list[int], max_tokens: int, max_ngram: int = 3) -> tuple[list[int], int]:
+    """The latest earlier occurrence of the longest suffix n-gram (n <= 3), by scanning every position."""
+    for n in range(min(max_ngram, len(context) - 1), 0, -1):
+        suffix = context[-n:]
+        for end in range(len(context) - 1, n - 1, -1):  # exclusive end of an occurrence, latest first
+            if context[end - n:end] == suffix:
+                return context[end:end + max_tokens], n
+    return [], 0
+
+
+def test_unverified_lookups_are_scored_against_what_the_target_committed(pair, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Nothing is verified (COSTLY); each lookup proposal held for hindsight is the brute-force lookup of its
+    context, and the policy learns exactly how many of its tokens the target's own output repeats."""
+    parts, _, prompts = pair
+    offered: list[tuple[int, list[int], int]] = []
+    reported: list[tuple[int, int, int]] = []
+    offer, report = decoder_module._UnverifiedLookup.offer, ShapePolicy.lookup_hindsight
+
+    def offering(self, first, tokens, ngram):  # noqa: ANN001, ANN202 - as wrapped
+        if tokens and not self.tokens:
+            offered.append((first, tokens, ngram))
+        return offer(self, first, tokens, ngram)
+
+    def reporting(self, proposed, matched, ngram):  # noqa: ANN001, ANN202 - as wrapped
+        reported.append((proposed, matched, ngram))
+        return report(self, proposed, matched, ngram)
+
+    monkeypatch.setattr(decoder_module._UnverifiedLookup, "offer", offering)
+    monkeypatch.setattr(ShapePolicy, "lookup_hindsight", reporting)
+    decoder = Decoder(parts, None, AutoShape(0, 6), Sampling(), set(), costs=COSTLY)
+    matched_some = 0
+    for prompt in [repeating(parts, p) for p in prompts[:3]]:
+        offered.clear()
+        reported.clear()
+        generated = decoder.generate(prompt, NEW_TOKENS)
+        assert generated.tokens == hf_greedy(parts, prompt, NEW_TOKENS, None) and not any(generated.looked_up)
+        assert offered and len(offered) - 1 <= len(reported) <= len(offered)  # each settles; the last may stay open
+        for (first, tokens, ngram), (proposed, matched, reported_ngram) in zip(offered, reported):
+            assert (tokens, ngram) == brute_force_lookup(prompt + generated.tokens[:first], 6)
+            assert (proposed, reported_ngram) == (len(tokens), ngram)
+            assert matched == _matched_prefix(tokens, generated.tokens[first:])
+            matched_some += matched > 0
+    assert matched_some >= 3  # the repeated text was found and taken
+
+
+def _matched_prefix(proposed: list[int], committed: list[int]) -> int:
+    count = 0
+    while count < min(len(proposed), len(committed)) and proposed[count] == committed[count]:
+        count += 1
+    return count

@@ -60,6 +60,12 @@ class RoundCosts:
                 "draft_step": round(self.draft_step, 6)}
 
 
+def settle(device: torch.device) -> None:
+    """Wait for the work queued on `device` (a CUDA device runs asynchronously), so a timer around it is true."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 def _median_seconds(work: Callable[[], object], repeats: int) -> float:
     """Return the median wall time of `repeats` calls of `work`, after one untimed call."""
     work()
@@ -81,8 +87,10 @@ def measure_costs(target: TargetRunner, drafter: DraftRunner | None, token: int,
     def verify(size: int) -> float:
         started = time.perf_counter()
         target.forward(torch.full((size,), token), position + torch.arange(size))
+        settle(target.device)
+        seconds = time.perf_counter() - started
         target.keep(size, [])
-        return time.perf_counter() - started
+        return seconds
 
     for size in VERIFY_SIZES:
         verify(size)
@@ -94,6 +102,7 @@ def measure_costs(target: TargetRunner, drafter: DraftRunner | None, token: int,
 
     def draft() -> None:
         drafter.forward(feature, torch.tensor([token]), torch.tensor([position]))
+        settle(drafter.device)
         drafter.crop(length)
 
     return RoundCosts(VERIFY_SIZES, tuple(seconds), _median_seconds(draft, 5))

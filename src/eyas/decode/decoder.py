@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from eyas.decode.costs import RoundCosts, measure_costs
+from eyas.decode.costs import RoundCosts, measure_costs, settle
 from eyas.decode.drafting import TreeDrafter, TreeShape, draft_chain, target_ids_of
 from eyas.decode.lookup import PromptLookup
 from eyas.decode.policy import AutoShape, ShapePolicy
@@ -95,6 +95,31 @@ def first_token_hits(step: DraftStep, first_anchor: int, sequence: list[int], pr
     guesses = target_ids[step.logits[:-1].argmax(-1).cpu()].tolist()  # [n-1] target ids
     return [guess == sequence[first_anchor + row + 2] for row, guess in enumerate(guesses)
             if first_anchor + row + 2 >= prompt_length]
+
+
+class _UnverifiedLookup:
+    """A lookup proposal that was not verified, held until the committed tokens settle how much of it the
+    target would have accepted (one at a time, so observations do not overlap)."""
+
+    def __init__(self) -> None:
+        self.first = 0  # index of its first token in the generation
+        self.tokens: list[int] = []
+        self.ngram = 0  # the n-gram length its lookup matched
+
+    def offer(self, first: int, tokens: list[int], ngram: int) -> None:
+        """Hold `tokens` (proposed for generated positions `first`, ...) unless a proposal is held already."""
+        if tokens and not self.tokens:
+            self.first, self.tokens, self.ngram = first, tokens, ngram
+
+    def settle(self, generated: list[int], policy: ShapePolicy) -> None:
+        """Report the held proposal to `policy` once `generated` decides it (a mismatch, or all of it matched)."""
+        if not self.tokens:
+            return
+        committed = generated[self.first:]
+        matched = _matched(self.tokens, committed)
+        if matched < min(len(self.tokens), len(committed)) or matched == len(self.tokens):
+            policy.lookup_hindsight(len(self.tokens), matched, self.ngram)
+            self.tokens = []
 
 
 def _matched(proposed: list[int], committed: list[int]) -> int:
@@ -216,7 +241,7 @@ class Decoder:
         policy = self._policy_for(target, drafter, step.aux, result.tokens[0], len(prompt))
         target_ids = target_ids_of(drafter) if drafter is not None else None
         root: DraftStep | None = None  # the draft's latest read; its last row is the root anchor once all are read
-        unverified: tuple[int, list[int], int] | None = None  # a lookup proposal scored in hindsight: (first index, tokens, n)
+        unverified = _UnverifiedLookup()
 
         def read_anchors(idle: bool) -> DraftStep:
             assert drafter is not None and target_ids is not None
@@ -243,11 +268,12 @@ class Decoder:
                 chain = draft_chain(drafter, root, position - 1, k, target_ids)
                 drafter.crop(committed_anchors)
                 result.draft_forwards += k
-            if not l and proposal and unverified is None:
-                unverified = (len(result.tokens), proposal, ngram)
+            if not l:
+                unverified.offer(len(result.tokens), proposal, ngram)
             tree = chain_union(chain, proposal[:l])
             verifying = time.perf_counter()
             verified = self._verify(target, tree, result.tokens[-1], position)
+            settle(target.device)
             forward_seconds = time.perf_counter() - verifying
             result.target_forwards += 1
             # a plain step (nothing drafted) takes the target's token as the plain loop does
@@ -265,13 +291,7 @@ class Decoder:
             policy.observe(k, _matched(chain, new), l, _matched(proposal[:l], new), ngram, forward_seconds,
                            time.perf_counter() - started - forward_seconds - k * policy.costs.draft_step)
             self._commit(result.tokens, new, max_new_tokens)
-            if unverified is not None:
-                first, tokens, found_after = unverified
-                committed = result.tokens[first:]
-                matched = _matched(tokens, committed)
-                if matched < min(len(tokens), len(committed)) or matched == len(tokens):  # settled
-                    policy.lookup_hindsight(len(tokens), matched, found_after)
-                    unverified = None
+            unverified.settle(result.tokens, policy)
         return result
 
     def _policy_for(self, target: TargetRunner, drafter: DraftRunner | None, prompt_aux: torch.Tensor | None,
