@@ -46,6 +46,7 @@ from eyas.models.load import load_target
 from eyas.models.tokenizer import load_tokenizer
 from eyas.precision import machine_record
 from eyas.train.loop import run_train
+from eyas.train.plot import METRICS_FILE, read_metrics
 
 ABLATIONS = "ttt_steps=1 ttt_steps=3 lr=0.001 lr=0.002 token_budget=1024 draft_vocab_size=2048"
 
@@ -63,17 +64,11 @@ def parse_change(text: str) -> tuple[str, Any]:
     return name, raw
 
 
-def implied_tau(run_dir: Path) -> float | None:
-    """Return the implied tau of the run's last eval line in metrics.jsonl (None without one)."""
-    lines = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
-    evals = [line for line in lines if line.get("split") == "eval"]
-    return evals[-1]["implied_tau"] if evals else None
-
-
-def trained_tokens(run_dir: Path) -> int:
-    """Return the training tokens the run saw (its last train line's cumulative `tokens`)."""
-    lines = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
-    return max(line["tokens"] for line in lines if line.get("split") == "train")
+def trained(run_dir: Path) -> tuple[int, float | None]:
+    """Return the training tokens the run saw (its last train line's cumulative `tokens`) and the implied
+    tau of its last eval line (None without one)."""
+    records = read_metrics(run_dir / METRICS_FILE, run_dir)
+    return records["train"][-1]["tokens"], records["eval"][-1]["implied_tau"] if records["eval"] else None
 
 
 def held_out_tau(run_dir: Path, parts: Any, sets: dict[str, list[Continuation]], chain: int, eos: set[int]) -> dict[str, Any]:
@@ -186,8 +181,9 @@ def main() -> None:
                 print(f"quality: continuations of {set_name}", file=sys.stderr)
                 sets[set_name] = [greedy_continuation(parts, prompt, args.max_new_tokens, aux_ids)
                                   for prompt in read_prompts(path, tokenizer, args.limit)]
-        line = {"bench": "quality", "kind": kind, "name": name, "run": str(config.out), "tokens": trained_tokens(config.out),
-                "max_steps": config.max_steps, "train_seconds": round(seconds, 1), "implied_tau": implied_tau(config.out),
+        tokens, implied = trained(config.out)
+        line = {"bench": "quality", "kind": kind, "name": name, "run": str(config.out), "tokens": tokens,
+                "max_steps": config.max_steps, "train_seconds": round(seconds, 1), "implied_tau": implied,
                 "chain": args.chain, "prompts_per_set": args.limit, "max_new_tokens": args.max_new_tokens,
                 "threads": args.threads, **machine_record(),
                 **held_out_tau(config.out, parts, sets, args.chain, eos)}

@@ -116,20 +116,33 @@ class _UnverifiedLookup:
         if not self.tokens:
             return
         committed = generated[self.first:]
-        matched = _matched(self.tokens, committed)
+        matched = matched_prefix(self.tokens, committed)
         if matched < min(len(self.tokens), len(committed)) or matched == len(self.tokens):
             policy.lookup_hindsight(len(self.tokens), matched, self.ngram)
             self.tokens = []
 
 
-def _matched(proposed: list[int], committed: list[int]) -> int:
-    """Return how many leading tokens of `proposed` the round committed."""
+def matched_prefix(proposed: list[int], committed: list[int]) -> int:
+    """Return how many leading tokens of `proposed` equal those of `committed`."""
     count = 0
     for want, got in zip(proposed, committed):
         if want != got:
             break
         count += 1
     return count
+
+
+def generation_done(tokens: list[int], max_new_tokens: int, eos_ids: set[int]) -> bool:
+    """Return whether a generation of new `tokens` has stopped: at `max_new_tokens`, or after an EOS."""
+    return len(tokens) >= max_new_tokens or (bool(tokens) and tokens[-1] in eos_ids)
+
+
+def commit_tokens(tokens: list[int], new: list[int], max_new_tokens: int, eos_ids: set[int]) -> None:
+    """Append `new` to `tokens` up to the first EOS and within `max_new_tokens`."""
+    for token in new:
+        if generation_done(tokens, max_new_tokens, eos_ids):
+            return
+        tokens.append(token)
 
 
 class Decoder:
@@ -174,14 +187,10 @@ class Decoder:
         return result
 
     def _done(self, tokens: list[int], max_new_tokens: int) -> bool:
-        return len(tokens) >= max_new_tokens or (bool(tokens) and tokens[-1] in self.eos_ids)
+        return generation_done(tokens, max_new_tokens, self.eos_ids)
 
     def _commit(self, tokens: list[int], new: list[int], max_new_tokens: int) -> None:
-        """Append `new` up to the first EOS and within `max_new_tokens`."""
-        for token in new:
-            if self._done(tokens, max_new_tokens):
-                return
-            tokens.append(token)
+        commit_tokens(tokens, new, max_new_tokens, self.eos_ids)
 
     def _plain(self, prompt: list[int], max_new_tokens: int) -> Generation:
         target = TargetRunner(self.parts, None)
@@ -288,8 +297,8 @@ class Decoder:
             result.drafted.append(k)
             result.looked_up.append(l)
             result.from_lookup.append(sum(node >= len(chain) for node in verdict.accepted))
-            policy.observe(k, _matched(chain, new), l, _matched(proposal[:l], new), ngram, forward_seconds,
-                           time.perf_counter() - started - forward_seconds - k * policy.costs.draft_step)
+            policy.observe(k, matched_prefix(chain, new), l, matched_prefix(proposal[:l], new), ngram,
+                           forward_seconds, time.perf_counter() - started - forward_seconds - k * policy.costs.draft_step)
             self._commit(result.tokens, new, max_new_tokens)
             unverified.settle(result.tokens, policy)
         return result

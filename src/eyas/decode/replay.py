@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
-from eyas.decode.decoder import Decoder
+from eyas.decode.decoder import Decoder, commit_tokens, generation_done, matched_prefix
 from eyas.decode.drafting import draft_chain, target_ids_of
 from eyas.decode.runners import DraftRunner
 from eyas.decode.sampling import Sampling
@@ -65,18 +65,13 @@ def replay_chain(draft: Eagle3Draft, continuation: Continuation, chain: int, eos
     root = drafter.forward(drafter.fuse(continuation.aux[:last]), torch.tensor(sequence[1:last + 1]),
                            torch.arange(last))  # anchors 0..P-1
     accepted: list[int] = []
-    while len(committed) < continuation.max_new_tokens and committed[-1] not in eos:
+    while not generation_done(committed, continuation.max_new_tokens, eos):
         proposed = draft_chain(drafter, root, last - 1, chain, target_ids)
         drafter.crop(last)
-        matched = 0
-        while matched < chain and proposed[matched] == sequence[last + 1 + matched]:
-            matched += 1
+        matched = matched_prefix(proposed, sequence[last + 1:last + 1 + chain])
         accepted.append(matched)
         new = sequence[last + 1:last + matched + 2]
-        for token in new:
-            if len(committed) >= continuation.max_new_tokens or committed[-1] in eos:
-                break
-            committed.append(token)
+        commit_tokens(committed, new, continuation.max_new_tokens, eos)
         root = drafter.forward(drafter.fuse(continuation.aux[last:last + len(new)]), torch.tensor(new),
                                torch.arange(last, last + len(new)))  # anchors of the new tokens
         last += len(new)
