@@ -53,6 +53,9 @@ class DemoConfig(StageConfig):
     out: Path = Field(description="run root: prompts/ and report/ go here")
     train_prompts: PositiveInt = Field(2400, description="training prompts drawn (stdlib and general instructions)", json_schema_extra=DECIDES)
     seed: int = Field(0, description="draw of the training prompts", json_schema_extra=DECIDES)
+    general_share: float | None = Field(None, ge=0, le=1, description="share of the training prompts drawn from the "
+                                        "general instructions, the rest stdlib ones (default: as they fall, ~20 %)",
+                                        json_schema_extra=DECIDES)
     chain: PositiveInt | None = Field(None, description="also evaluate a fixed chain of K on both held-out sets "
                                                        "(report/chain/, report/chat-chain/); vLLM serves this chain")
     tree: str | None = Field(None, description="also evaluate this EAGLE-2 tree DEPTH,TOPK,TOTAL (the eval section's "
@@ -112,10 +115,14 @@ class TrainConfig(StageConfig):
     data: Path | None = Field(None, description="dataset written by `eyas prepare` (online; offline: where the vocab is)")
     out: Path = Field(description="run directory: checkpoints, metrics.jsonl, final/")
     init: Path | None = Field(None, description="warm start from this eyas draft dir (keeps its d2t/t2d)")
+    init_layer: int | None = Field(None, description="start the draft's decoder layers from this target decoder layer "
+                                   "(0-based, -1 the last; docs/train.md)", json_schema_extra=DECIDES)
     draft_vocab_size: PositiveInt | None = Field(None, description="default: the dataset's vocab, else 32000", json_schema_extra=DECIDES)
     num_layers: PositiveInt = Field(1, description="draft decoder layers", json_schema_extra=DECIDES)
     intermediate_size: PositiveInt | None = Field(None, description="draft MLP width (default: the target's)", json_schema_extra=DECIDES)
     ttt_steps: PositiveInt = Field(7, description="training-time-test unroll length k", json_schema_extra=DECIDES)
+    ttt_growth: float = Field(0.0, ge=0, le=1, description="share of the steps over which the unroll grows from 1 to "
+                              "ttt_steps, one step deeper each 1/ttt_steps of it (0: k from the start)", json_schema_extra=DECIDES)
     out_of_vocab: Literal["mask", "keep"] = Field(
         "mask", description="positions whose teacher argmax is outside the draft vocab: left out of the loss, or kept", json_schema_extra=DECIDES
     )

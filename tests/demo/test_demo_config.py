@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -45,3 +46,16 @@ def test_shipped_sizes_leave_every_compute_dtype_to_auto(size: str) -> None:
     dtypes = {stage: section[key] for stage, section in doc.items() for key in ("dtype", "target_dtype")
               if key in section}
     assert dtypes and set(dtypes.values()) == {"auto"}, dtypes
+
+
+def test_until_stops_after_the_named_stage_with_the_asked_data_mix(tmp_path: Path) -> None:
+    doc = yaml.safe_load((SIZES / "smoke.yaml").read_text())
+    root = str(tmp_path / "run")
+    text = yaml.safe_dump(doc).replace("runs/demo-smoke", root)
+    config = tmp_path / "demo.yaml"
+    config.write_text(text.replace("demo:\n", "demo:\n  general_share: 1.0\n", 1))
+    run_demo(config, until="prompts")
+    train = [json.loads(line) for line in (tmp_path / "run" / "prompts" / "train-prompts.jsonl").read_text().splitlines()]
+    assert train and all(p["source"].startswith("eyas:general#") for p in train)
+    assert sorted(p.name for p in (tmp_path / "run").iterdir() if not p.name.startswith(".")) == [
+        "config.yaml", "prompts", "run.json"]  # no stage after the prompts, no report

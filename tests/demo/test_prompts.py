@@ -8,10 +8,13 @@ import json
 import re
 from pathlib import Path
 
+import pytest
+
 from eyas.demo.prompts import (
     CHAT_TEMPLATES, CHAT_TOPICS, GENERAL_TEMPLATES, GENERAL_TOPICS, chat_prompts, humaneval_prompts, training_prompts,
     write_prompt_files,
 )
+from eyas.errors import EyasError
 
 
 def test_training_prompts_are_many_distinct_and_disjoint_from_humaneval() -> None:
@@ -48,3 +51,14 @@ def test_the_chat_set_shares_no_template_and_no_topic_with_training() -> None:
     for template in CHAT_TEMPLATES:
         stem = template.split("{topic}")[0].lower()
         assert not any(prompt.startswith(stem) for prompt in training), template
+
+
+def test_a_general_share_draws_that_many_general_prompts() -> None:
+    mixed = training_prompts(100, seed=0, general_share=0.5)
+    assert len({p["prompt"] for p in mixed}) == 100
+    assert sum(p["source"].startswith("eyas:general#") for p in mixed) == 50
+    assert mixed[:10] != sorted(mixed[:10], key=lambda p: p["source"])  # the two kinds interleaved
+    assert all(p["source"].startswith("stdlib:") for p in training_prompts(20, seed=0, general_share=0.0))
+    general = len(GENERAL_TEMPLATES) * len(GENERAL_TOPICS)
+    with pytest.raises(EyasError, match=f"only {general} general prompts can be derived here, {general + 20} asked for"):
+        training_prompts(general + 20, seed=0, general_share=1.0)

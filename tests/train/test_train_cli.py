@@ -21,7 +21,9 @@ from eyas.draft.config import read_draft_config
 from eyas.errors import EyasError
 from eyas.features.extract import run_extract
 from eyas.features.store import read_store_manifest
+from eyas.models.head import load_target_layer
 from eyas.precision import cpu_features
+from eyas.train.loop import ttt_depth
 from eyas.train.setup import check_store_matches
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "data"
@@ -204,6 +206,57 @@ def test_warm_start_refuses_a_dataset_with_another_draft_vocab(inputs: Inputs, o
     assert f"{run / 'final' / 'model.safetensors'}: d2t: the warm-start draft's vocabulary ({DRAFT_VOCAB} tokens) " \
            f"differs from {other / VOCAB} (100 tokens" in err
     assert not out.exists()
+
+
+def test_init_layer_starts_every_draft_layer_from_the_target_layer(inputs: Inputs, offline_run, run_cli,
+                                                                   tmp_path: Path) -> None:
+    layer = load_target_layer(inputs.target, -1, torch.float32)
+    runs = {}
+    for mode, source in (("offline", ["--features", inputs.store]), ("online", ["--target", inputs.target, "--data", inputs.data])):
+        runs[mode] = tmp_path / mode
+        result = run_cli("train", *source, "--out", runs[mode], "--max-steps", "1", "--lr", "1e-12", *SMALL,
+                         "init_layer=-1", "train.target_dtype=float32")
+        assert result.code == 0, result.err
+    offline = load_file(str(runs["offline"] / "final" / "model.safetensors"))
+    online = load_file(str(runs["online"] / "final" / "model.safetensors"))
+    hidden = layer["input_layernorm.weight"].shape[0]
+    for name in ("mlp.down_proj.weight", "self_attn.o_proj.weight", "post_attention_layernorm.weight"):
+        assert torch.allclose(offline[f"layers.0.{name}"], layer[name], atol=1e-6), name
+    assert torch.allclose(offline["layers.0.self_attn.k_proj.weight"][:, hidden:], layer["self_attn.k_proj.weight"], atol=1e-6)
+    assert torch.allclose(offline["layers.0.hidden_norm.weight"], layer["input_layernorm.weight"], atol=1e-6)
+    for name, tensor in offline.items():  # online reads the layer from the loaded target, offline from the files
+        assert torch.allclose(online[name].float(), tensor.float(), atol=1e-6), name
+    err = one_line_error(run_cli("train", "--features", inputs.store, "--init", offline_run / "final", "--out",
+                                 tmp_path / "both", "--max-steps", "1", *SMALL, "init_layer=0"))
+    assert "init_layer: not with init" in err and not (tmp_path / "both").exists()
+
+
+def test_ttt_depth_grows_over_the_asked_share_of_the_steps() -> None:
+    assert [ttt_depth(step, 10, 5, 0.5) for step in range(1, 11)] == [1, 2, 3, 4, 5, 5, 5, 5, 5, 5]
+    assert [ttt_depth(step, 4, 2, 1.0) for step in range(1, 5)] == [1, 1, 2, 2]
+    assert {ttt_depth(step, 10, 5, 0.0) for step in range(1, 11)} == {5}
+
+
+def test_a_growing_unroll_trains_the_shallow_objective_first(inputs: Inputs, run_cli, tmp_path: Path) -> None:
+    """Step 1 of a run growing from 1 to 2 steps is step 1 of a 1-step run, weight for weight; step 2 is not."""
+    shallow_args = SMALL[2:]  # SMALL without its --ttt-steps
+    assert SMALL[:2] == ["--ttt-steps", str(TTT)] and TTT == 2
+    runs = {"growing": tmp_path / "growing", "one": tmp_path / "one"}
+    for name, depth in (("growing", ["--ttt-steps", "2", "ttt_growth=0.5"]), ("one", ["--ttt-steps", "1"])):
+        result = run_cli("train", "--features", inputs.store, "--out", runs[name], "--max-steps", "2", *depth,
+                         *shallow_args, "save_every=1", "keep_last=3")
+        assert result.code == 0, result.err
+    weights = {name: [load_file(str(run / "checkpoints" / f"step-{step:08d}" / "draft" / "model.safetensors"))
+                      for step in (1, 2)] for name, run in runs.items()}
+    for tensor, value in weights["one"][0].items():
+        assert torch.equal(weights["growing"][0][tensor], value), tensor
+    assert max((weights["growing"][1][t].float() - weights["one"][1][t].float()).abs().max().item()
+               for t in weights["one"][1]) > 1e-7
+    lines = metric_lines(runs["growing"], "train")
+    assert [line["ttt_depth"] for line in lines] == [1, 2]
+    assert lines[0]["loss_1"] == 0 and lines[0]["acc_1"] == 0 and lines[1]["loss_1"] > 0
+    final_eval = metric_lines(runs["growing"], "eval")[-1]
+    assert final_eval["loss_1"] > 0  # held-out figures score the whole unroll
 
 
 def test_online_training_is_the_offline_code_path(inputs: Inputs, offline_run, run_cli, tmp_path: Path) -> None:

@@ -124,38 +124,53 @@ def stdlib_functions() -> list[dict[str, str]]:
     return found
 
 
-def training_prompts(count: int = 2400, seed: int = 0) -> list[dict[str, str]]:
-    """Return `count` distinct training prompts (`{"prompt", "source"}`), disjoint from HumanEval."""
+def training_prompts(count: int = 2400, seed: int = 0, general_share: float | None = None) -> list[dict[str, str]]:
+    """Return `count` distinct training prompts (`{"prompt", "source"}`), disjoint from HumanEval and the chat
+    set: `round(general_share * count)` general instructions and stdlib ones for the rest, or, with
+    `general_share` None, the first `count` of both kinds shuffled together. Refuses a count (of either
+    kind) larger than what can be derived here."""
     rng = random.Random(seed)
     held_out = humaneval_prompts()
     banned = {p["entry_point"] for p in held_out}
-    candidates = []
+    stdlib = []
     for function in stdlib_functions():
         if function["name"] in banned:
             continue
         for number, template in enumerate(STDLIB_TEMPLATES):
             text = template.format(**function, summary_lower=function["summary"][0].lower() + function["summary"][1:-1])
-            candidates.append({"prompt": text, "source": f"stdlib:{function['module']}.{function['name']}#{number}"})
-    for topic in GENERAL_TOPICS:
-        for number, template in enumerate(GENERAL_TEMPLATES):
-            candidates.append({"prompt": template.format(topic=topic), "source": f"eyas:general#{number}:{topic}"})
-    rng.shuffle(candidates)
-    if len(candidates) < count:
-        raise EyasError(f"only {len(candidates)} training prompts can be derived here, {count} asked for")
-    chosen = candidates[:count]
+            stdlib.append({"prompt": text, "source": f"stdlib:{function['module']}.{function['name']}#{number}"})
+    general = [{"prompt": template.format(topic=topic), "source": f"eyas:general#{number}:{topic}"}
+               for topic in GENERAL_TOPICS for number, template in enumerate(GENERAL_TEMPLATES)]
+    if general_share is None:
+        candidates = stdlib + general
+        rng.shuffle(candidates)
+        wanted = {"training": (candidates, count)}
+    else:
+        rng.shuffle(stdlib)
+        rng.shuffle(general)
+        share = round(general_share * count)
+        wanted = {"general": (general, share), "stdlib": (stdlib, count - share)}
+    chosen = []
+    for kind, (pool, number) in wanted.items():
+        if len(pool) < number:
+            raise EyasError(f"only {len(pool)} {kind} prompts can be derived here, {number} asked for")
+        chosen += pool[:number]
+    if general_share is not None:
+        rng.shuffle(chosen)  # the two kinds interleaved
     if {p["prompt"] for p in held_out + chat_prompts()} & {c["prompt"] for c in chosen}:
         raise RuntimeError("a training prompt equals an evaluation prompt")
     return chosen
 
 
-def write_prompt_files(out: Path, count: int = 2400, seed: int = 0) -> tuple[Path, Path, Path]:
+def write_prompt_files(out: Path, count: int = 2400, seed: int = 0, general_share: float | None = None
+                       ) -> tuple[Path, Path, Path]:
     """Write `out/train-prompts.jsonl`, `out/eval-prompts.jsonl` (HumanEval) and `out/chat-prompts.jsonl`
     (the held-out chat set); return their paths."""
     from eyas.files import write_text_atomic
 
     out.mkdir(parents=True, exist_ok=True)
     train, evaluation, chat = out / "train-prompts.jsonl", out / "eval-prompts.jsonl", out / CHAT_PROMPTS
-    write_text_atomic(train, "".join(json.dumps(p) + "\n" for p in training_prompts(count, seed)))
+    write_text_atomic(train, "".join(json.dumps(p) + "\n" for p in training_prompts(count, seed, general_share)))
     write_text_atomic(evaluation, "".join(json.dumps(p) + "\n" for p in humaneval_prompts()))
     write_text_atomic(chat, "".join(json.dumps(p) + "\n" for p in chat_prompts()))
     return train, evaluation, chat

@@ -36,8 +36,12 @@ from eyas.precision import machine_record
 from eyas.stage import Stage
 
 
-def run_demo(config_file: Path) -> Path:
-    """Run (or finish, or reuse) the demo of `config_file`; return its report directory."""
+DATA_STAGES = ("prompts", "regenerate", "prepare", "extract", "train")
+
+
+def run_demo(config_file: Path, until: str | None = None) -> Path:
+    """Run (or finish, or reuse) the demo of `config_file`, or only its stages up to `until` (one of
+    `DATA_STAGES`); return its report directory (written only by a whole run)."""
     from eyas.data.prepare import run_prepare
     from eyas.data.regenerate import run_regenerate
     from eyas.decode.evaluate import run_eval
@@ -71,11 +75,13 @@ def run_demo(config_file: Path) -> Path:
               if config.out.parent == root}
     Stage("demo", "an eyas demo", ("prompts", "report"), nested=tuple(sorted(inside))).claim(
         demo.model_copy(update={"out": root}), {})
-    timed("prompts", lambda: write_prompt_files(root / "prompts", demo.train_prompts, demo.seed))
-    timed("regenerate", lambda: run_regenerate(regenerate))
-    timed("prepare", lambda: run_prepare(prepare))
-    timed("extract", lambda: run_extract(extract))
-    timed("train", lambda: run_train(train))
+    stages = (("prompts", lambda: write_prompt_files(root / "prompts", demo.train_prompts, demo.seed, demo.general_share)),
+              ("regenerate", lambda: run_regenerate(regenerate)), ("prepare", lambda: run_prepare(prepare)),
+              ("extract", lambda: run_extract(extract)), ("train", lambda: run_train(train)))
+    for name, work in stages:
+        timed(name, work)
+        if name == until:
+            return report
     results = {label: timed(f"eval ({label})" if label else "eval", lambda config=config: run_eval(config))
                for label, config in evaluations.items()}
     timed("export", lambda: run_export(export))
@@ -159,11 +165,12 @@ def _evaluations(demo: DemoConfig, eval_config: EvalConfig, chat_prompts: Path, 
 
 def main(argv: list[str] | None = None) -> None:
     args = argv if argv is not None else sys.argv[1:]
-    if len(args) != 1:
-        print("usage: python -m eyas.demo CONFIG.yaml", file=sys.stderr)
+    until = args[2] if len(args) == 3 and args[1] == "--until" else None
+    if len(args) not in (1, 3) or (len(args) == 3 and until not in DATA_STAGES):
+        print(f"usage: python -m eyas.demo CONFIG.yaml [--until {'|'.join(DATA_STAGES)}]", file=sys.stderr)
         sys.exit(2)
     try:
-        run_demo(Path(args[0]))
+        run_demo(Path(args[0]), until)
     except EyasError as error:
         print(f"eyas: error: {error}", file=sys.stderr)
         sys.exit(error.exit_code)

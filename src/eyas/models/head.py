@@ -1,4 +1,5 @@
-"""The few target tensors training needs besides the features: input embedding, final norm, LM head.
+"""The few target tensors training needs besides the features: input embedding, final norm, LM head
+(and, for `train.init_layer`, one decoder layer).
 
 Offline training must not load a whole target to get them (a 1T-parameter model for three
 tensors). The model is built on the meta device from its config, the parameter names of those
@@ -76,6 +77,33 @@ def _read_tensors(files: dict[str, Path], names: list[str], dtype: torch.dtype, 
         with safe_open(str(files[name]), framework="pt", device="cpu") as handle:
             read[name] = handle.get_tensor(name).to(device=device, dtype=dtype)
     return read
+
+
+def load_target_layer(target: Path, index: int, dtype: torch.dtype, trust_remote_code: bool = False) -> dict[str, torch.Tensor]:
+    """Return the weights of the target's decoder layer `index` (negative counts from the last), by their
+    names inside the layer (`self_attn.q_proj.weight`, ...), on the CPU in `dtype`.
+
+    From a safetensors directory only that layer's tensors are read; a GGUF or `.bin` target is loaded
+    whole (said on stderr). Refuses an index outside the target's layers and safetensors files that lack
+    a tensor of the layer, naming it.
+    """
+    config = load_config(target, trust_remote_code)
+    meta = build_meta_target(config, dtype)
+    count = meta.num_layers
+    if not -count <= index < count:
+        raise EyasError(f"init_layer: {index}: the target has {count} decoder layers (0..{count - 1}, or -1 for the last)")
+    if is_gguf(target) or not any(target.glob("*.safetensors")):
+        print(f"eyas: {target}: no safetensors weights to read tensors from: loading the whole target for its "
+              f"decoder layer {index}", file=sys.stderr)
+        layer = load_target(target, dtype, "cpu", trust_remote_code).layers[index]
+        return {name: tensor.detach() for name, tensor in layer.state_dict().items()}
+    files = _tensor_files(target)
+    (names,) = _names_of(meta.model, [meta.layers[index]])
+    missing = [full for full in names.values() if full not in files]
+    if missing:
+        raise EyasError(f"{target}: no tensor {', '.join(missing)} (decoder layer {index} of {type(meta.model).__name__})")
+    read = _read_tensors(files, list(names.values()), dtype, "cpu")
+    return {local: read[full] for local, full in names.items()}
 
 
 def load_target_head(target: Path, dtype: torch.dtype, device: str, trust_remote_code: bool = False) -> TargetHead:

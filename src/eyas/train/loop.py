@@ -21,6 +21,7 @@ from eyas.audit.contract import engine_api_problems
 from eyas.config import TrainConfig
 from eyas.data.dataset import read_manifest
 from eyas.distributed import Ranks, all_reduce_gradients, all_reduce_sum, barrier, current_ranks, init_distributed, rank_device
+from eyas.draft.layer_init import init_from_target_layer
 from eyas.draft.model import Eagle3Draft, load_draft, set_embedding, write_draft
 from eyas.draft.objective import StepScorer, StepSums, TeacherHead, loss_token_count, metrics_of
 from eyas.errors import ChecksFailed, EyasError
@@ -30,7 +31,7 @@ from eyas.precision import choose_dtype, machine_record
 from eyas.progress import stage_progress
 from eyas.stage import SUMMARY_FILE, JsonLines, Run, Stage
 from eyas.models.capture import FeatureCapture
-from eyas.models.head import TargetHead, head_of, load_target_head
+from eyas.models.head import TargetHead, head_of, load_target_head, load_target_layer
 from eyas.models.load import DTYPES, resolve_device
 from eyas.train import batches as B
 from eyas.train.checkpoint import (
@@ -76,6 +77,15 @@ def lr_factor(step: int, total: int, warmup: int, floor: float) -> float:
     return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
 
 
+def ttt_depth(step: int, total: int, steps: int, growth: float) -> int:
+    """Return the unroll depth of optimizer step `step` (1-based) of `total`: 1 at the start, one deeper at each
+    `1/steps` of the first `growth` share of the run, `steps` from there on (and throughout with growth 0)."""
+    span = growth * total
+    if span <= 0:
+        return steps
+    return min(steps, 1 + int((step - 1) / span * steps))
+
+
 class _Trainer:
     def __init__(self, config: TrainConfig, setup: TrainSetup, ranks: Ranks, device: torch.device,
                  run_key: str) -> None:
@@ -93,6 +103,10 @@ class _Trainer:
             self.draft = Eagle3Draft(setup.draft_config)
             with torch.no_grad():  # start the head where the target's is: its rows of the draft vocabulary
                 self.draft.lm_head.weight.copy_(head.lm_head[token_ids.to(head.lm_head.device)].float())
+            if config.init_layer is not None:
+                weights = self._target_layer(config.init_layer)
+                for number, layer in enumerate(self.draft.layers):
+                    init_from_target_layer(layer, weights, f"init_layer {config.init_layer} (draft layer {number})")
         self.draft.config = setup.draft_config
         self.draft.d2t.copy_(d2t)
         self.draft.t2d.copy_(t2d)
@@ -128,6 +142,12 @@ class _Trainer:
         self.capture = FeatureCapture(parts, setup.draft_config.aux_layer_ids).__enter__()
         source = OnlineSource(DatasetReader(setup.dataset_dir), self.capture, config.token_budget, str(self.device))
         return source, head_of(parts)
+
+    def _target_layer(self, index: int) -> dict[str, torch.Tensor]:
+        """Return the tensors of target decoder layer `index`: from the loaded target online, else read."""
+        if self.capture is not None:
+            return {name: t.detach() for name, t in self.capture.parts.layers[index].state_dict().items()}
+        return load_target_layer(self.setup.target, index, torch.float32, self.config.trust_remote_code)
 
     def close(self) -> None:
         """Remove the online capture hooks from the target."""
@@ -168,6 +188,7 @@ class _Trainer:
         that made a weight non-finite, so no checkpoint, best/ or final/ ever holds such weights.
         """
         self.model.train()
+        self.model.steps = ttt_depth(step, self.total, self.config.ttt_steps, self.config.ttt_growth)
         self.optimizer.zero_grad(set_to_none=True)
         sums, loss_tokens, tokens = StepSums.zeros(self.config.ttt_steps), 0, 0
         for micro in micro_batches:
@@ -208,6 +229,7 @@ class _Trainer:
         if len(self.eval_ids) == 0:
             return None
         self.model.eval()
+        self.model.steps = self.config.ttt_steps  # held-out figures always score the whole unroll
         plan = B.plan_epoch(self.eval_ids, self.lengths, self.config.seed, 0, self.config.row_tokens,
                             self.config.token_budget, shuffle=False)
         sums, loss_tokens = StepSums.zeros(self.config.ttt_steps), 0
@@ -338,7 +360,8 @@ def run_train(config: TrainConfig) -> TrainResult:
                 last = state.step == trainer.total
                 if state.step % config.log_every == 0 or last:
                     log.write({"split": "train", "step": state.step, "epoch": state.epoch, "tokens": state.tokens,
-                               "lr": lr, "grad_norm": grad_norm, "tokens_per_s": rate, **metrics})
+                               "lr": lr, "grad_norm": grad_norm, "tokens_per_s": rate, "ttt_depth": trainer.model.steps,
+                               **metrics})
                     window, window_tokens = StepSums.zeros(config.ttt_steps), 0.0
                 if state.step % config.eval_every == 0 or last:
                     last_eval = trainer.evaluate()

@@ -141,6 +141,8 @@ def resolve_train(config: TrainConfig) -> TrainSetup:
     num_layers = int(text_config.num_hidden_layers)
     aux_ids = _aux_ids(config, store, num_layers)
 
+    if config.init is not None and config.init_layer is not None:
+        raise EyasError("init_layer: not with init (a warm start keeps the layers it was trained to)")
     if config.init is not None:
         vocab = _warm_start_vocab(config.init, dataset_dir, manifest)
         init = read_draft_config(config.init)
