@@ -8,7 +8,9 @@ resumes), changing only what the run's name says:
 - the curve: `max_steps` = each of `--steps` (fewer steps than an epoch train on a prefix of the
   shuffled data; more repeat it), plus the demo's own finished training run as a point when it exists;
 - the ablations: one change each to the recipe at `--ablation-steps` steps (a `token_budget` change
-  scales the steps so the training tokens stay equal), against the recipe itself at the same steps
+  scales the steps so the training tokens stay equal; `--mixes` changes the data instead: the same demo
+  with `demo.general_share` set, its stages up to extract run under `--out`), against the recipe itself
+  at the same steps
   (`vs_recipe`: the ratio of (tau - 1), the tokens a round gains, to the recipe's). Equal training
   tokens, not equal compute: `train_seconds` says what each cost (TTT depth multiplies it).
 
@@ -17,6 +19,10 @@ round for round) on the first `--limit` prompts x `--max-new-tokens` of both hel
 HumanEval prompts and its chat set. The target's continuations are computed once per run of this
 script and shared by every draft. `implied_tau`: the training run's last eval line (held-out samples of
 the training distribution, from teacher-forced per-step accuracies, docs/plot.md).
+
+With `--vllm` (in `.venv-vllm`), each curve draft is also served in vLLM (`eyas.decode.served.served_draft_tau`:
+a chain of `--chain` on the same prompt ids, greedy, float32) and vLLM's own tau and per-position acceptance
+are recorded beside eyas's replayed ones (`vllm_tau`, `vllm_acceptance` per set).
 
 Output: one JSON line per run (stdout), `--out/quality.jsonl` (the same lines), `--out/quality-table.md`
 (a markdown table of them), and `--out/quality.png`:
@@ -34,12 +40,15 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import yaml
 
 from eyas.config import EvalConfig, TrainConfig, load_stage_config
 from eyas.data.prompts import eos_ids
 from eyas.decode.prompts import read_prompts
+from eyas.decode.served import served_draft_tau
 from eyas.decode.replay import Continuation, greedy_continuation, replay_chain
 from eyas.demo.prompts import CHAT_PROMPTS, chat_prompts
+from eyas.demo.run import run_demo
 from eyas.draft.model import load_draft
 from eyas.files import write_text_atomic
 from eyas.models.load import load_target
@@ -48,7 +57,8 @@ from eyas.precision import machine_record
 from eyas.train.loop import run_train
 from eyas.train.plot import METRICS_FILE, read_metrics
 
-ABLATIONS = "ttt_steps=1 ttt_steps=3 lr=0.001 lr=0.002 token_budget=1024 draft_vocab_size=2048"
+ABLATIONS = ("ttt_steps=1 ttt_steps=3 ttt_growth=0.5 lr=0.001 lr=0.004 token_budget=1024 draft_vocab_size=2048 "
+             "init_layer=-1 init_layer=15")
 
 
 def parse_change(text: str) -> tuple[str, Any]:
@@ -62,6 +72,30 @@ def parse_change(text: str) -> tuple[str, Any]:
         except ValueError:
             continue
     return name, raw
+
+
+def mixed_data(config_file: Path, share: float, out: Path) -> TrainConfig:
+    """Return the recipe (the train section of `config_file`) on the data of the same demo with
+    `demo.general_share` = `share`, run up to extract under `out` from `out.yaml` (vLLM off: the data
+    comes from the same backend as the recipe's)."""
+    doc = yaml.safe_load(config_file.read_text(encoding="utf-8"))
+    old_root = Path(doc["demo"]["out"])
+
+    def moved(value: Any) -> Any:
+        if isinstance(value, dict):
+            return {key: moved(item) for key, item in value.items()}
+        if isinstance(value, list):
+            return [moved(item) for item in value]
+        if isinstance(value, str) and Path(value).is_relative_to(old_root):
+            return str(out / Path(value).relative_to(old_root))
+        return value
+
+    doc = moved(doc)
+    doc["demo"].update({"general_share": share, "vllm": "off"})
+    config = out.with_name(out.name + ".yaml")  # beside the demo's directory, which holds only the demo's own files
+    write_text_atomic(config, yaml.safe_dump(doc, sort_keys=False))
+    run_demo(config, until="extract")
+    return load_stage_config(TrainConfig, "train", config)
 
 
 def trained(run_dir: Path) -> tuple[int, float | None]:
@@ -84,8 +118,9 @@ def held_out_tau(run_dir: Path, parts: Any, sets: dict[str, list[Continuation]],
 
 def table(lines: list[dict[str, Any]]) -> str:
     """Return the runs as a markdown table (curve by tokens, then the ablations)."""
-    rows = ["| run | training tokens | train s | tau HumanEval (first acc.) | tau chat (first acc.) | implied tau | vs recipe (HE, chat) |",
-            "|---|---|---|---|---|---|---|"]
+    served = any("vllm_tau" in line["humaneval"] for line in lines)
+    rows = ["| run | training tokens | train s | tau HumanEval (first acc.) | tau chat (first acc.) | implied tau | vs recipe (HE, chat) |"
+            + (" vLLM tau (HE, chat) |" if served else ""), "|---|---|---|---|---|---|---|" + ("---|" if served else "")]
     ordered = sorted((line for line in lines if line["kind"] == "curve"), key=lambda line: line["tokens"])
     for line in ordered + [line for line in lines if line["kind"] == "ablation"]:
         ratio = line.get("vs_recipe")
@@ -93,8 +128,15 @@ def table(lines: list[dict[str, Any]]) -> str:
         rows.append(f"| {line['name']} | {line['tokens']:,} | {line['train_seconds']:.0f} | "
                     f"{line['humaneval']['tau']:.3f} ({line['humaneval']['first_acceptance']:.3f}) | "
                     f"{line['chat']['tau']:.3f} ({line['chat']['first_acceptance']:.3f}) | {implied} | "
-                    + (f"{ratio['humaneval']:.2f}, {ratio['chat']:.2f} |" if ratio else "- |"))
+                    + (f"{ratio['humaneval']:.2f}, {ratio['chat']:.2f} |" if ratio else "- |")
+                    + (f" {_vllm_cell(line)} |" if served else ""))
     return "\n".join(rows) + "\n"
+
+
+def _vllm_cell(line: dict[str, Any]) -> str:
+    """Return a run's vLLM taus as a table cell ('-' for a run vLLM did not serve)."""
+    taus = [line[name].get("vllm_tau") for name in ("humaneval", "chat")]
+    return "-" if None in taus else f"{taus[0]:.3f}, {taus[1]:.3f}"
 
 
 def plot(lines: list[dict[str, Any]], path: Path) -> None:
@@ -111,6 +153,10 @@ def plot(lines: list[dict[str, Any]], path: Path) -> None:
         for line in ablations:
             axis.plot(line["tokens"], line[name]["tau"], "x" if name == "humaneval" else "+", markersize=9)
             axis.annotate(f"{line['name']} ({name})", (line["tokens"], line[name]["tau"]), fontsize=6)
+        served = [c for c in curve if "vllm_tau" in c[name]]
+        if served:
+            axis.plot([c["tokens"] for c in served], [c[name]["vllm_tau"] for c in served], style[0] + ":",
+                      fillstyle="none", label=f"vLLM's tau, {name}")
     implied = [c for c in curve if c["implied_tau"] is not None]
     axis.plot([c["tokens"] for c in implied], [c["implied_tau"] for c in implied], "^--", label="implied tau (training eval)")
     axis.set_xscale("log")
@@ -130,10 +176,14 @@ def main() -> None:
     parser.add_argument("--steps", default="2 4 8 15", help="space-separated max_steps of the curve's runs")
     parser.add_argument("--ablation-steps", type=int, default=15)
     parser.add_argument("--ablations", default=ABLATIONS, help=f"space-separated field=value (default {ABLATIONS!r}; '' for none)")
+    parser.add_argument("--mixes", default="0.5", help="demo.general_share values of the data-mix ablation (default "
+                        "'0.5'; '' for none): each regenerates its own data under --out/data-general-SHARE")
     parser.add_argument("--chain", type=int, default=4)
     parser.add_argument("--limit", type=int, default=8)
     parser.add_argument("--max-new-tokens", type=int, default=96)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--vllm", action="store_true", help="also serve each curve draft in vLLM (chain --chain, the "
+                        "same prompt ids) and record vLLM's tau beside eyas's: run in .venv-vllm (make setup-vllm)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
 
@@ -159,12 +209,19 @@ def main() -> None:
             runs.append(("ablation", name, TrainConfig.model_validate({
                 **recipe.model_dump(), field: value, "max_steps": steps, "out": args.out / name})))
 
+    for share in args.mixes.split():
+        name = f"general_share={share}"
+        data = mixed_data(args.config, float(share), args.out / f"data-general-{share}")
+        runs.append(("ablation", name, data.model_copy(update={"max_steps": args.ablation_steps, "out": args.out / name})))
+
     target = recipe.target or evaluation.target
     tokenizer = load_tokenizer(target)
     parts = load_target(target, torch.float32, "cpu")
     eos = eos_ids(parts.model, tokenizer)
     aux_ids: list[int] | None = None
     sets: dict[str, list[Continuation]] = {}
+    prompt_sets = {name: read_prompts(path, tokenizer, args.limit) for name, path in (("humaneval", evaluation.prompts),
+                                                                                     ("chat", chat_file))}
     lines: list[dict[str, Any]] = []
     args.out.mkdir(parents=True, exist_ok=True)
     demo_run = recipe.out if (recipe.out / "final").is_dir() else None
@@ -177,16 +234,22 @@ def main() -> None:
         seconds = time.perf_counter() - started
         if aux_ids is None:  # the continuations need the draft's layers: read them from the first run
             aux_ids = load_draft(config.out / "final", parts.embed.weight.detach()).config.aux_layer_ids
-            for set_name, path in (("humaneval", evaluation.prompts), ("chat", chat_file)):
+            for set_name, prompts in prompt_sets.items():
                 print(f"quality: continuations of {set_name}", file=sys.stderr)
-                sets[set_name] = [greedy_continuation(parts, prompt, args.max_new_tokens, aux_ids)
-                                  for prompt in read_prompts(path, tokenizer, args.limit)]
+                sets[set_name] = [greedy_continuation(parts, prompt, args.max_new_tokens, aux_ids) for prompt in prompts]
         tokens, implied = trained(config.out)
         line = {"bench": "quality", "kind": kind, "name": name, "run": str(config.out), "tokens": tokens,
                 "max_steps": config.max_steps, "train_seconds": round(seconds, 1), "implied_tau": implied,
                 "chain": args.chain, "prompts_per_set": args.limit, "max_new_tokens": args.max_new_tokens,
                 "threads": args.threads, **machine_record(),
                 **held_out_tau(config.out, parts, sets, args.chain, eos)}
+        if args.vllm and kind == "curve":
+            served = served_draft_tau(EvalConfig(target=target, draft=config.out / "final", prompts=evaluation.prompts,
+                                                 out=config.out / "vllm", chain=args.chain, max_new_tokens=args.max_new_tokens,
+                                                 dtype="float32", engine="vllm"), prompt_sets, eos)
+            for set_name, figures in served.items():
+                line[set_name]["vllm_tau"] = round(figures.tau, 4)
+                line[set_name]["vllm_acceptance"] = figures.per_position_acceptance
         lines.append(line)
         print(json.dumps(line), flush=True)
     recipe_line = next((line for line in lines if line["name"] == f"steps-{args.ablation_steps}"), None)

@@ -75,3 +75,36 @@ def test_a_tree_cannot_be_served_and_says_so_before_loading(vllm_pair: dict[str,
                         "--tree", "3,2,5", "--engine", "vllm", timeout=120)
     assert done.returncode == 3 and "vLLM serves an EAGLE-3 chain; give --chain K" in done.stderr
     assert not (tmp_path / "e" / "report.json").exists()
+
+
+def test_served_draft_tau_per_set_matches_eyas_replay(vllm_pair: dict[str, Path]) -> None:
+    """bench/quality.py's vLLM points: one engine serves two prompt sets; each set's tau (vLLM's counters)
+    agrees with eyas's replayed chain on the same prompt ids."""
+    import torch
+
+    from eyas.config import EvalConfig
+    from eyas.data.prompts import target_eos_ids
+    from eyas.decode.prompts import read_prompts
+    from eyas.decode.replay import greedy_continuation, replay_chain
+    from eyas.decode.served import served_draft_tau
+    from eyas.draft.model import load_draft
+    from eyas.models.load import load_target
+    from eyas.models.tokenizer import load_tokenizer
+
+    target, draft_dir = vllm_pair["target"], vllm_pair["run"] / "final"
+    tokenizer = load_tokenizer(target)
+    rows = read_prompts(vllm_pair["prompts"], tokenizer, 12)
+    sets = {"first": rows[:6], "second": rows[6:]}
+    stop = target_eos_ids(target, tokenizer)
+    config = EvalConfig(target=target, draft=draft_dir, prompts=vllm_pair["prompts"], out=draft_dir / "unused",
+                        chain=3, max_new_tokens=48, dtype="float32", engine="vllm")
+    served = served_draft_tau(config, sets, stop)
+    parts = load_target(target, torch.float32, "cpu")
+    draft = load_draft(draft_dir, parts.embed.weight.detach()).eval()
+    for name, prompts in sets.items():
+        rounds = [a for prompt in prompts for a in replay_chain(
+            draft, greedy_continuation(parts, prompt, 48, draft.config.aux_layer_ids), 3, stop)]
+        replayed = 1 + sum(rounds) / len(rounds)
+        figures = f"{name}: vLLM tau {served[name].tau:.3f}, eyas replay {replayed:.3f}"
+        assert served[name].tau > 1.3 and abs(served[name].tau / replayed - 1) <= TOLERANCE, figures
+        assert len(served[name].per_position_acceptance) == 3 and served[name].drafts > 0

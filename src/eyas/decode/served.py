@@ -13,6 +13,8 @@ continuously, so its rates are not comparable to eyas's one-prompt-at-a-time rat
 from __future__ import annotations
 
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -102,23 +104,64 @@ def serve_in_vllm(config: EvalConfig, prompts: list[list[int]], stop: set[int], 
         raise CannotRun("; ".join(problems))
     from eyas.backends.vllm.serve import VllmEngine, eagle3_method, ngram_method
 
-    installed = installed_vllm()
-    assert installed is not None and config.chain is not None
-    chain, longest = config.chain, max(len(p) for p in prompts) + config.max_new_tokens
-    arguments = {"target": config.target, "dtype": config.dtype, "device": installed.device,
-                 "max_model_len": longest + chain + 1, "trust_remote_code": config.trust_remote_code, "seed": config.seed}
-    with tempfile.TemporaryDirectory(prefix="eyas-vllm-draft-") as exported:
-        draft = Path(exported) / "draft"
-        run_export(ExportConfig(draft=config.draft, format="vllm", out=draft, target=config.target,
-                                trust_remote_code=config.trust_remote_code))
+    arguments = _engine_arguments(config, prompts)
+    chain = config.chain
+    assert chain is not None
+    with _exported(config) as draft:
         with VllmEngine(**arguments) as engine:
             alone, alone_tokens = _pass(engine, prompts, config, stop, chain, None, None)
         with VllmEngine(**arguments, speculative=eagle3_method(draft, chain)) as engine:
             eagle3, _ = _pass(engine, prompts, config, stop, chain, alone, alone_tokens)
     with VllmEngine(**arguments, speculative=ngram_method(chain, NGRAM_LOOKUP_MAX)) as engine:
         ngram, _ = _pass(engine, prompts, config, stop, chain, alone, alone_tokens)
-    if eagle3.tau is None:
-        raise EyasError(f"{config.draft}: vLLM ran the EAGLE-3 draft but counted no drafts (is speculative decoding on?)")
+    _check_drafted(config, eagle3)
+    installed = installed_vllm()
+    assert installed is not None
     return VllmFigures(vllm=installed.describe(), chain=chain, dtype=config.dtype, prompts=len(prompts),
                        target_alone=alone, eagle3=eagle3, ngram=ngram,
                        tau_ratio_vllm_to_eyas=eagle3.tau / eyas_tau if eyas_tau else None)
+
+
+def served_draft_tau(config: EvalConfig, prompt_sets: dict[str, list[list[int]]], stop: set[int]) -> dict[str, EngineFigures]:
+    """Return vLLM's EAGLE-3 figures (tau, per-position acceptance; `speedup` is not measured: 1.0) for
+    `config.draft` on each named set of prompt ids, served by one engine: the acceptance side of
+    `serve_in_vllm` alone, for drafts compared with each other (bench/quality.py). Refuses as it does."""
+    problems = serving_problems(config)
+    if problems:
+        raise CannotRun("; ".join(problems))
+    from eyas.backends.vllm.serve import VllmEngine, eagle3_method
+
+    chain = config.chain
+    assert chain is not None
+    arguments = _engine_arguments(config, [row for rows in prompt_sets.values() for row in rows])
+    figures = {}
+    with _exported(config) as draft, VllmEngine(**arguments, speculative=eagle3_method(draft, chain)) as engine:
+        for name, prompts in prompt_sets.items():
+            figures[name], _ = _pass(engine, prompts, config, stop, chain, None, None)
+            _check_drafted(config, figures[name])
+    return figures
+
+
+def _engine_arguments(config: EvalConfig, prompts: list[list[int]]) -> dict[str, object]:
+    """Return VllmEngine's arguments for `config` and the longest of `prompts` plus its new tokens and a draft."""
+    installed = installed_vllm()
+    assert installed is not None and config.chain is not None
+    longest = max(len(p) for p in prompts) + config.max_new_tokens
+    return {"target": config.target, "dtype": config.dtype, "device": installed.device,
+            "max_model_len": longest + config.chain + 1, "trust_remote_code": config.trust_remote_code, "seed": config.seed}
+
+
+@contextmanager
+def _exported(config: EvalConfig) -> Iterator[Path]:
+    """Yield `config.draft` exported in vLLM's format into a temporary directory, removed afterwards."""
+    with tempfile.TemporaryDirectory(prefix="eyas-vllm-draft-") as exported:
+        draft = Path(exported) / "draft"
+        run_export(ExportConfig(draft=config.draft, format="vllm", out=draft, target=config.target,
+                                trust_remote_code=config.trust_remote_code))
+        yield draft
+
+
+def _check_drafted(config: EvalConfig, figures: EngineFigures) -> None:
+    """Refuse an EAGLE-3 pass in which vLLM counted no drafts."""
+    if figures.tau is None:
+        raise EyasError(f"{config.draft}: vLLM ran the EAGLE-3 draft but counted no drafts (is speculative decoding on?)")
