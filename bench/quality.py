@@ -46,7 +46,7 @@ from eyas.config import EvalConfig, TrainConfig, load_stage_config
 from eyas.data.prompts import eos_ids
 from eyas.decode.prompts import read_prompts
 from eyas.decode.served import served_draft_tau
-from eyas.decode.replay import Continuation, greedy_continuation, replay_chain
+from eyas.decode.replay import Continuation, greedy_continuation, pooled_chain_tau
 from eyas.demo.prompts import CHAT_PROMPTS, chat_prompts
 from eyas.demo.run import run_demo
 from eyas.draft.model import load_draft
@@ -108,12 +108,7 @@ def trained(run_dir: Path) -> tuple[int, float | None]:
 def held_out_tau(run_dir: Path, parts: Any, sets: dict[str, list[Continuation]], chain: int, eos: set[int]) -> dict[str, Any]:
     """Return, per held-out set, the pooled tau and first-position acceptance of the run's final draft."""
     draft = load_draft(run_dir / "final", parts.embed.weight.detach()).to(parts.lm_head.weight.dtype).eval()
-    figures = {}
-    for name, continuations in sets.items():
-        rounds = [a for continuation in continuations for a in replay_chain(draft, continuation, chain, eos)]
-        figures[name] = {"tau": round(1 + sum(rounds) / len(rounds), 4),
-                         "first_acceptance": round(sum(a > 0 for a in rounds) / len(rounds), 4), "rounds": len(rounds)}
-    return figures
+    return {name: pooled_chain_tau(draft, continuations, chain, eos) for name, continuations in sets.items()}
 
 
 def table(lines: list[dict[str, Any]]) -> str:

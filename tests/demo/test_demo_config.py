@@ -58,4 +58,4 @@ def test_until_stops_after_the_named_stage_with_the_asked_data_mix(tmp_path: Pat
     train = [json.loads(line) for line in (tmp_path / "run" / "prompts" / "train-prompts.jsonl").read_text().splitlines()]
     assert train and all(p["source"].startswith("eyas:general#") for p in train)
     assert sorted(p.name for p in (tmp_path / "run").iterdir() if not p.name.startswith(".")) == [
-        "config.yaml", "prompts", "run.json"]  # no stage after the prompts, no report
+        "config.yaml", "prompts", "run.json", "stage-seconds.json"]  # no stage after the prompts, no report

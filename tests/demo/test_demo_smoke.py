@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from eyas.demo.continuation import read_records, run_continuation, seconds_per_prompt
 from eyas.demo.run import run_demo
 
 SMOKE = Path(__file__).resolve().parents[2] / "examples" / "demo" / "smoke.yaml"
@@ -65,3 +66,30 @@ def test_smoke_demo_runs_every_stage_and_reuses_them(tmp_path: Path) -> None:
     run_demo(config)  # everything finished: reused
     assert (tmp_path / "run" / "eval" / "results.jsonl").read_text() == results
     assert json.loads((report / "report.json").read_text())["tau"] == first["tau"]
+
+    # continuations: sized by the seconds per prompt every run of the demo recorded, on new prompts, from the
+    # previous draft, scored against the previous draft on the same held-out continuations
+    root = tmp_path / "run"
+    seconds = json.loads((root / "stage-seconds.json").read_text())
+    assert {"regenerate", "prepare", "extract", "train"} <= set(seconds) and seconds == stages["seconds_all_runs"]
+    rate = seconds_per_prompt(root, 24)
+    first_record = run_continuation(config, rate * 3.5 / 60)  # minutes for 3.5 prompts: 3
+    assert first_record["continuation"] == 1 and first_record["prompts"] == 3 and first_record["measured_in"] == str(root)
+    base_prompts = {json.loads(line)["prompt"] for line in (root / "prompts" / "train-prompts.jsonl").read_text().splitlines()}
+    new_prompts = [json.loads(line)["prompt"] for line in (root / "continue-1" / "prompts.jsonl").read_text().splitlines()]
+    assert len(new_prompts) == 3 and not set(new_prompts) & base_prompts
+    base_tokens = [json.loads(line) for line in (root / "train" / "metrics.jsonl").read_text().splitlines()
+                   if json.loads(line)["split"] == "train"][-1]["tokens"]
+    assert first_record["training_tokens_all"] == base_tokens + first_record["training_tokens"] > base_tokens
+    init = yaml.safe_load((root / "continue-1" / "train" / "config.yaml").read_text())["init"]
+    assert Path(init) == root / "train" / "final"
+    # the previous draft replayed is the demo's own chain pass, round for round
+    assert first_record["tau_previous_draft"]["humaneval"]["tau"] == pytest.approx(passes["chain"]["tau"], abs=1e-3)
+    later_rate = seconds_per_prompt(root / "continue-1", 3)
+    second_record = run_continuation(config, later_rate * 2.5 / 60)
+    assert second_record["continuation"] == 2 and second_record["measured_in"] == str(root / "continue-1")
+    assert second_record["prompts"] == 2 and second_record["seconds_per_prompt"] == round(later_rate, 3)
+    assert second_record["tau_previous_draft"] == first_record["tau"]
+    later = [json.loads(line)["prompt"] for line in (root / "continue-2" / "prompts.jsonl").read_text().splitlines()]
+    assert not set(later) & (base_prompts | set(new_prompts))
+    assert [r["continuation"] for r in read_records(root)] == [1, 2]

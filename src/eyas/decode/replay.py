@@ -76,3 +76,11 @@ def replay_chain(draft: Eagle3Draft, continuation: Continuation, chain: int, eos
                                torch.arange(last, last + len(new)))  # anchors of the new tokens
         last += len(new)
     return accepted
+
+
+def pooled_chain_tau(draft: Eagle3Draft, continuations: list[Continuation], chain: int, eos: set[int]) -> dict[str, float]:
+    """Return `tau` (1 + mean accepted per round), `first_acceptance` (share of rounds accepting a token) and
+    `rounds` of greedy chain-`chain` decoding replayed over every continuation, rounds pooled."""
+    rounds = [a for continuation in continuations for a in replay_chain(draft, continuation, chain, eos)]
+    return {"tau": round(1 + sum(rounds) / len(rounds), 4),
+            "first_acceptance": round(sum(a > 0 for a in rounds) / len(rounds), 4), "rounds": len(rounds)}

@@ -9,7 +9,7 @@ a fixed chain on both sets; with `demo.tree`, a tree on the first. The reports (
 acceptance.png: the eval section's at the top, the others in chat/, chat-draft/, chain/, chat-chain/,
 tree/), `goals.json` (the figures against the demo's goals, docs/demo.md), the training curves
 (training/*.png) and the vLLM export of the draft are gathered in `OUT/report/`, with `stages.json`
-(this run's seconds per stage, the CPU capability and torch threads). Where this Python has vLLM
+(this run's seconds per stage, every run's summed, the CPU capability and torch threads). Where this Python has vLLM
 (`make setup-vllm`; `make demo` then runs in `.venv-vllm`), the demo regenerates through vLLM and every
 chain evaluation also serves the draft in vLLM (vLLM's tau, acceptance and speedups, and its ngram
 proposer's, beside eyas's), all under `OUT-vllm/`, so a run without vLLM and one with it never claim
@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import shutil
 import sys
-import time
 from pathlib import Path
 from typing import TypeVar
 
@@ -31,12 +30,14 @@ from eyas.config import (
 from eyas.errors import CannotRun, EyasError
 from eyas.demo.goals import demo_goals, print_goals
 from eyas.demo.prompts import CHAT_PROMPTS
+from eyas.demo.timing import STAGE_SECONDS, StageClock
 from eyas.files import write_json_atomic
 from eyas.precision import machine_record
 from eyas.stage import Stage
 
 
 DATA_STAGES = ("prompts", "regenerate", "prepare", "extract", "train")
+CONTINUATION_DIRS = "continue-*"  # continuation.py's, one per continuation
 
 
 def run_demo(config_file: Path, until: str | None = None) -> Path:
@@ -52,29 +53,17 @@ def run_demo(config_file: Path, until: str | None = None) -> Path:
     from eyas.train.loop import run_train
     from eyas.train.plot import plot_run
 
-    demo = load_stage_config(DemoConfig, "demo", config_file)
-    engine = _vllm_engine(demo)
-    root = demo.out.with_name(demo.out.name + "-vllm") if engine else demo.out
+    demo, root, eval_config = demo_root(config_file)
     report = root / "report"
-    timings: dict[str, float] = {}
-
-    def timed(name: str, work):  # noqa: ANN001, ANN202 - a stage call
-        started = time.perf_counter()
-        print(f"eyas demo: {name} ...", file=sys.stderr)
-        result = work()
-        timings[name] = time.perf_counter() - started
-        return result
-
-    eval_config = rerooted(load_stage_config(EvalConfig, "eval", config_file), demo.out, root)  # once: every pass shares it
-    evaluations = _evaluations(demo, eval_config, root / "prompts" / CHAT_PROMPTS, engine)
-    regenerate, prepare, extract, train, export = (rerooted(load_stage_config(section, name, config_file), demo.out, root)
-                                                   for section, name in _SECTIONS)  # each section once
-    if engine:
-        regenerate = regenerate.model_copy(update={"backend": "vllm"})
+    evaluations = _evaluations(demo, eval_config, root / "prompts" / CHAT_PROMPTS, root != demo.out)
+    sections = stage_sections(config_file, demo, root)
+    regenerate, prepare, extract, train, export = (sections[name] for _, name in _SECTIONS)
     inside = {config.out.name for config in (regenerate, prepare, extract, train, export, *evaluations.values())
               if config.out.parent == root}
-    Stage("demo", "an eyas demo", ("prompts", "report"), nested=tuple(sorted(inside))).claim(
+    Stage("demo", "an eyas demo", ("prompts", "report", STAGE_SECONDS), nested=(*sorted(inside), CONTINUATION_DIRS)).claim(
         demo.model_copy(update={"out": root}), {})
+    clock = StageClock(root / STAGE_SECONDS)
+    timed = clock.timed
     stages = (("prompts", lambda: write_prompt_files(root / "prompts", demo.train_prompts, demo.seed, demo.general_share)),
               ("regenerate", lambda: run_regenerate(regenerate)), ("prepare", lambda: run_prepare(prepare)),
               ("extract", lambda: run_extract(extract)), ("train", lambda: run_train(train)))
@@ -97,10 +86,28 @@ def run_demo(config_file: Path, until: str | None = None) -> Path:
     write_json_atomic(report / "goals.json", goals)
     print_goals(goals)
     machine = machine_record()
-    write_json_atomic(report / "stages.json", {"seconds": timings, **machine})
+    write_json_atomic(report / "stages.json", {"seconds": clock.this_run, "seconds_all_runs": clock.all_runs, **machine})
     print(f"stage seconds (this run; CPU {machine['cpu_capability']}, {machine['torch_threads']} torch threads): "
-          + ", ".join(f"{k} {v:.0f}" for k, v in timings.items()), file=sys.stderr)
+          + ", ".join(f"{k} {v:.0f}" for k, v in clock.this_run.items()), file=sys.stderr)
     return report
+
+
+def demo_root(config_file: Path) -> tuple[DemoConfig, Path, EvalConfig]:
+    """Return the demo section of `config_file`, the run's root (`OUT`, or `OUT-vllm` where vLLM runs) and
+    the eval section moved under it. Refuses `vllm: on` without vLLM."""
+    demo = load_stage_config(DemoConfig, "demo", config_file)
+    root = demo.out.with_name(demo.out.name + "-vllm") if _vllm_engine(demo) else demo.out
+    return demo, root, rerooted(load_stage_config(EvalConfig, "eval", config_file), demo.out, root)
+
+
+def stage_sections(config_file: Path, demo: DemoConfig, root: Path) -> dict[str, StageConfig]:
+    """Return the demo's stage sections by name, each read once and moved under `root`, regenerate through
+    vLLM where the demo runs it."""
+    sections: dict[str, StageConfig] = {name: rerooted(load_stage_config(section, name, config_file), demo.out, root)
+                                        for section, name in _SECTIONS}
+    if root != demo.out:
+        sections["regenerate"] = sections["regenerate"].model_copy(update={"backend": "vllm"})
+    return sections
 
 
 def _vllm_engine(demo: DemoConfig) -> bool:
@@ -164,13 +171,23 @@ def _evaluations(demo: DemoConfig, eval_config: EvalConfig, chat_prompts: Path, 
 
 
 def main(argv: list[str] | None = None) -> None:
-    args = argv if argv is not None else sys.argv[1:]
-    until = args[2] if len(args) == 3 and args[1] == "--until" else None
-    if len(args) not in (1, 3) or (len(args) == 3 and until not in DATA_STAGES):
-        print(f"usage: python -m eyas.demo CONFIG.yaml [--until {'|'.join(DATA_STAGES)}]", file=sys.stderr)
-        sys.exit(2)
+    import argparse
+
+    from eyas.demo.continuation import run_continuation
+
+    parser = argparse.ArgumentParser(prog="python -m eyas.demo", description="the whole job on the embedded target "
+                                     "(docs/demo.md)")
+    parser.add_argument("config", type=Path, help="the demo YAML (examples/demo/SIZE.yaml)")
+    choice = parser.add_mutually_exclusive_group()
+    choice.add_argument("--until", choices=DATA_STAGES, help="stop after this stage")
+    choice.add_argument("--continue", dest="minutes", type=float, metavar="MINUTES",
+                        help="run the next continuation of a trained demo, sized for MINUTES (docs/demo.md)")
+    args = parser.parse_args(argv)
     try:
-        run_demo(Path(args[0]), until)
+        if args.minutes is not None:
+            run_continuation(args.config, args.minutes)
+        else:
+            run_demo(args.config, args.until)
     except EyasError as error:
         print(f"eyas: error: {error}", file=sys.stderr)
         sys.exit(error.exit_code)
