@@ -2,7 +2,8 @@
 ablations of the recipe at equal training tokens, all scored against the same held-out continuations.
 
 Inputs: a demo YAML (default `examples/demo/small.yaml`) whose stages up to `extract` have finished
-(`make demo`): its train section is the recipe, its features the data. Every run trains with that
+(`make demo`; in `.venv-vllm` the demo's `OUT-vllm`, as `make demo` runs it there): its train section is
+the recipe, its features the data. Every run trains with that
 section into `--out/<name>` (`eyas train`'s `run_train`: a finished run is reused, an interrupted one
 resumes), changing only what the run's name says:
 - the curve: `max_steps` = each of `--steps` (fewer steps than an epoch train on a prefix of the
@@ -25,9 +26,13 @@ a chain of `--chain` on the same prompt ids, greedy, float32) and vLLM's own tau
 are recorded beside eyas's replayed ones (`vllm_tau`, `vllm_acceptance` per set).
 
 Output: one JSON line per run (stdout), `--out/quality.jsonl` (the same lines), `--out/quality-table.md`
-(a markdown table of them), and `--out/quality.png`:
-tau against training tokens (log scale) on both sets, implied tau beside them, the ablations as
-markers. Torch runs `--threads` intra-op threads (default 2); training runs with the YAML's settings.
+(a markdown table of them), and `--out/quality.png`: one panel per held-out set, tau against training
+tokens (log scale), vLLM's and implied tau beside it, the ablations as labelled markers. `--replot DIR ...`
+trains nothing: it gathers earlier runs (the first DIR's curve, the others' lines as markers named after
+their DIR) into one table and plot, so a curve and ablations run apart share the same axes. The table ends
+with a power law per set through the curve's points, `tau - 1 = a * tokens^b`, and the training tokens at
+which it reaches tau 2.0 (also a `fit` JSON line): what the goals need, from the curve, not a guess.
+`--continuations FILE` adds a demo's continuations (warm-started, so markers, not curve points). Torch runs `--threads` intra-op threads (default 2); training runs with the YAML's settings.
 """
 
 from __future__ import annotations
@@ -42,13 +47,13 @@ from typing import Any
 import torch
 import yaml
 
-from eyas.config import EvalConfig, TrainConfig, load_stage_config
+from eyas.config import EvalConfig, TrainConfig
 from eyas.data.prompts import eos_ids
 from eyas.decode.prompts import read_prompts
 from eyas.decode.served import served_draft_tau
 from eyas.decode.replay import Continuation, greedy_continuation, pooled_chain_tau
 from eyas.demo.prompts import CHAT_PROMPTS, chat_prompts
-from eyas.demo.run import run_demo
+from eyas.demo.run import demo_root, run_demo, stage_sections
 from eyas.draft.model import load_draft
 from eyas.files import write_text_atomic
 from eyas.models.load import load_target
@@ -76,8 +81,8 @@ def parse_change(text: str) -> tuple[str, Any]:
 
 def mixed_data(config_file: Path, share: float, out: Path) -> TrainConfig:
     """Return the recipe (the train section of `config_file`) on the data of the same demo with
-    `demo.general_share` = `share`, run up to extract under `out` from `out.yaml` (vLLM off: the data
-    comes from the same backend as the recipe's)."""
+    `demo.general_share` = `share`, run up to extract under `out` from `out.yaml` (under `out-vllm`
+    where the demo runs vLLM, as the recipe's own data: the same backend regenerates both)."""
     doc = yaml.safe_load(config_file.read_text(encoding="utf-8"))
     old_root = Path(doc["demo"]["out"])
 
@@ -91,11 +96,17 @@ def mixed_data(config_file: Path, share: float, out: Path) -> TrainConfig:
         return value
 
     doc = moved(doc)
-    doc["demo"].update({"general_share": share, "vllm": "off"})
+    doc["demo"]["general_share"] = share
     config = out.with_name(out.name + ".yaml")  # beside the demo's directory, which holds only the demo's own files
     write_text_atomic(config, yaml.safe_dump(doc, sort_keys=False))
     run_demo(config, until="extract")
-    return load_stage_config(TrainConfig, "train", config)
+    return demo_train_section(config)
+
+
+def demo_train_section(config_file: Path) -> TrainConfig:
+    """Return the train section of the demo `config_file` under the demo's root (`OUT-vllm` where it runs vLLM)."""
+    demo, root, _ = demo_root(config_file)
+    return stage_sections(config_file, demo, root)["train"]  # type: ignore[return-value]
 
 
 def trained(run_dir: Path) -> tuple[int, float | None]:
@@ -128,6 +139,30 @@ def table(lines: list[dict[str, Any]]) -> str:
     return "\n".join(rows) + "\n"
 
 
+def power_law(lines: list[dict[str, Any]], goal: float = 2.0) -> dict[str, dict[str, float]]:
+    """Return, per held-out set, the least-squares fit of `log(tau - 1) = log(a) + b * log(tokens)` through
+    the curve's points, and the training tokens at which it reaches tau `goal` (`tokens_for_tau`); empty
+    with fewer than two curve points above tau 1."""
+    import numpy as np
+
+    fits: dict[str, dict[str, float]] = {}
+    curve = [line for line in lines if line["kind"] == "curve"]
+    for name in ("humaneval", "chat"):
+        points = [(line["tokens"], line[name]["tau"] - 1) for line in curve if line[name]["tau"] > 1]
+        if len(points) < 2:
+            continue
+        slope, intercept = np.polyfit(np.log([t for t, _ in points]), np.log([g for _, g in points]), 1)
+        fits[name] = {"a": float(np.exp(intercept)), "b": round(float(slope), 3), "points": len(points),
+                      f"tokens_for_tau_{goal:g}": round(float(np.exp((np.log(goal - 1) - intercept) / slope)))}
+    return fits
+
+
+def fit_lines(lines: list[dict[str, Any]]) -> str:
+    """Return the power-law fits of the curve as markdown lines (empty without a fit)."""
+    return "".join(f"\n{name}: tau - 1 = {fit['a']:.3g} * tokens^{fit['b']} through {fit['points']} points; "
+                   f"tau 2.0 at {fit['tokens_for_tau_2']:,} training tokens\n" for name, fit in power_law(lines).items())
+
+
 def _vllm_cell(line: dict[str, Any]) -> str:
     """Return a run's vLLM taus as a table cell ('-' for a run vLLM did not serve)."""
     taus = [line[name].get("vllm_tau") for name in ("humaneval", "chat")]
@@ -135,6 +170,9 @@ def _vllm_cell(line: dict[str, Any]) -> str:
 
 
 def plot(lines: list[dict[str, Any]], path: Path) -> None:
+    """Write `path`: one panel per held-out set, tau against training tokens (log) for the curve, vLLM's
+    tau, implied tau and the curve's power law beside it, each ablation a labelled marker (labels stacked
+    beside the markers)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -142,26 +180,66 @@ def plot(lines: list[dict[str, Any]], path: Path) -> None:
 
     curve = sorted((line for line in lines if line["kind"] == "curve"), key=lambda line: line["tokens"])
     ablations = [line for line in lines if line["kind"] == "ablation"]
-    figure, axis = plt.subplots(figsize=(8, 5))
-    for name, style in (("humaneval", "o-"), ("chat", "s-")):
-        axis.plot([c["tokens"] for c in curve], [c[name]["tau"] for c in curve], style, label=f"held-out tau, {name}")
-        for line in ablations:
-            axis.plot(line["tokens"], line[name]["tau"], "x" if name == "humaneval" else "+", markersize=9)
-            axis.annotate(f"{line['name']} ({name})", (line["tokens"], line[name]["tau"]), fontsize=6)
+    figure, axes = plt.subplots(1, 2, figsize=(13, 5.5), sharey=True)
+    implied = [c for c in curve if c["implied_tau"] is not None]
+    fits = power_law(lines)
+    low, high = (min(line["tokens"] for line in lines), max(line["tokens"] for line in lines)) if lines else (1, 1)
+    span = [low * (high / low) ** (k / 49) for k in range(50)]  # log-spaced: the law is curved on these axes
+    for axis, (name, style) in zip(axes, (("humaneval", "o-"), ("chat", "s-"))):
+        if name in fits:
+            fit = fits[name]
+            axis.plot(span, [1 + fit["a"] * tokens ** fit["b"] for tokens in span], "-", color="grey", lw=0.8,
+                      label=f"power law through the curve (tau 2.0 at {fit['tokens_for_tau_2'] / 1e6:.1f}M tokens)")
+        axis.plot([c["tokens"] for c in curve], [c[name]["tau"] for c in curve], style, label="held-out tau (eyas)")
         served = [c for c in curve if "vllm_tau" in c[name]]
         if served:
             axis.plot([c["tokens"] for c in served], [c[name]["vllm_tau"] for c in served], style[0] + ":",
-                      fillstyle="none", label=f"vLLM's tau, {name}")
-    implied = [c for c in curve if c["implied_tau"] is not None]
-    axis.plot([c["tokens"] for c in implied], [c["implied_tau"] for c in implied], "^--", label="implied tau (training eval)")
-    axis.set_xscale("log")
-    axis.set_xlabel("training tokens (log)")
-    axis.set_ylabel(f"tau, greedy chain {curve[0]['chain'] if curve else ''}")
-    axis.grid(True, which="both", alpha=0.3)
-    axis.legend()
+                      fillstyle="none", label="held-out tau (vLLM)")
+        axis.plot([c["tokens"] for c in implied], [c["implied_tau"] for c in implied], "^--", alpha=0.6,
+                  label="implied tau (training eval)")
+        ranked = sorted(ablations, key=lambda line: line[name]["tau"])
+        for rank, line in enumerate(ranked):
+            axis.plot(line["tokens"], line[name]["tau"], "x", markersize=8)
+            axis.annotate(line["name"], (line["tokens"], line[name]["tau"]), fontsize=7, va="center",
+                          xytext=(1.0, (rank + 0.5) / max(len(ranked), 1)), textcoords=("axes fraction", "axes fraction"),
+                          ha="right", arrowprops={"arrowstyle": "-", "lw": 0.4, "alpha": 0.5})
+        axis.set_xscale("log")
+        axis.set_xlabel("training tokens (log)")
+        axis.set_title(f"held-out {name}")
+        axis.grid(True, which="both", alpha=0.3)
+        axis.legend(loc="upper left", fontsize=8)
+    axes[0].set_ylabel(f"tau, greedy chain {lines[0]['chain'] if lines else ''}")
     figure.tight_layout()
     figure.savefig(path, dpi=110)
     plt.close(figure)
+
+
+def replot(directories: list[Path]) -> list[dict[str, Any]]:
+    """Return the lines of earlier runs of this script for one table and plot: the first directory's as
+    they are, every other's as ablations named after their directory (its curve lines included), so
+    runs of another recipe or data never join the first's curve. A run listed twice in one directory (a
+    rerun that reused it) counts once, as first listed: the later line's seconds are the reuse's."""
+    lines: list[dict[str, Any]] = []
+    for number, directory in enumerate(directories):
+        seen: set[str] = set()
+        for line in (json.loads(text) for text in (directory / "quality.jsonl").read_text(encoding="utf-8").splitlines()):
+            if line["name"] in seen:
+                continue
+            seen.add(line["name"])
+            lines.append({**line, "kind": "ablation", "name": f"{directory.name}: {line['name']}"} if number else line)
+    return lines
+
+
+def continuation_lines(records: Path) -> list[dict[str, Any]]:
+    """Return a demo's continuations (`report/continuations.jsonl`, eyas.demo.continuation) as markers at
+    their cumulative training tokens: warm-started runs, never points of the curve."""
+    lines = []
+    for text in records.read_text(encoding="utf-8").splitlines():
+        record = json.loads(text)
+        lines.append({"kind": "ablation", "name": f"continuation {record['continuation']} (from the previous draft)",
+                      "tokens": record["training_tokens_all"], "train_seconds": record["seconds"]["train"],
+                      "implied_tau": None, "chain": record["chain"], **record["tau"]})
+    return lines
 
 
 def main() -> None:
@@ -179,11 +257,23 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--vllm", action="store_true", help="also serve each curve draft in vLLM (chain --chain, the "
                         "same prompt ids) and record vLLM's tau beside eyas's: run in .venv-vllm (make setup-vllm)")
+    parser.add_argument("--replot", type=Path, nargs="+", metavar="DIR", help="train nothing: gather earlier runs' "
+                        "quality.jsonl (the first DIR's curve; every other DIR's lines as labelled markers) into --out's "
+                        "table and plot")
+    parser.add_argument("--continuations", type=Path, nargs="*", default=[], metavar="FILE",
+                        help="with --replot: a demo's report/continuations.jsonl, each continuation a marker")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    if args.replot:
+        gathered = replot(args.replot) + [line for path in args.continuations for line in continuation_lines(path)]
+        args.out.mkdir(parents=True, exist_ok=True)
+        write_text_atomic(args.out / "quality-table.md", table(gathered) + fit_lines(gathered))
+        plot(gathered, args.out / "quality.png")
+        print(f"quality: {args.out / 'quality.png'}", file=sys.stderr)
+        return
 
-    recipe = load_stage_config(TrainConfig, "train", args.config)
-    evaluation = load_stage_config(EvalConfig, "eval", args.config)
+    recipe = demo_train_section(args.config)
+    evaluation = demo_root(args.config)[2]
     prompts_dir = evaluation.prompts.parent
     chat_file = prompts_dir / CHAT_PROMPTS
     if not chat_file.is_file():  # a demo run from before the chat set: the set is a pure function of eyas
@@ -255,7 +345,8 @@ def main() -> None:
             print(json.dumps({"bench": "quality", "kind": "ablation-ratio", "name": line["name"], "vs_recipe": line["vs_recipe"]}),
                   flush=True)
     write_text_atomic(args.out / "quality.jsonl", "".join(json.dumps(line) + "\n" for line in lines))
-    write_text_atomic(args.out / "quality-table.md", table(lines))
+    print(json.dumps({"bench": "quality", "kind": "fit", "fits": power_law(lines)}), flush=True)
+    write_text_atomic(args.out / "quality-table.md", table(lines) + fit_lines(lines))
     plot(lines, args.out / "quality.png")
     print(f"quality: {args.out / 'quality.png'}", file=sys.stderr)
 
