@@ -30,6 +30,13 @@ def test_next_prompts_are_new_and_keep_the_draw_and_its_mix(general_share: float
         assert general == round(general_share * 60) - round(general_share * 40)
 
 
+def test_next_prompts_refuses_a_draw_that_has_run_out() -> None:
+    used = {p["prompt"] for p in training_prompts(900, 0, 0.5)}
+    with pytest.raises(EyasError, match=r"--continue: the demo's draw \(seed 0, general_share 0.5\) has no 100 new "
+                       r"training prompts left: only 480 general prompts can be derived here, 500 asked for"):
+        next_prompts(0, 0.5, used, 100)
+
+
 def test_seconds_per_prompt_sums_every_run_of_the_sized_stages(tmp_path: Path) -> None:
     (tmp_path / STAGE_SECONDS).write_text(json.dumps({"prompts": 5.0, "regenerate": 30.0, "prepare": 2.0,
                                                       "extract": 8.0, "train": 20.0, "held-out tau": 99.0}))

@@ -71,7 +71,12 @@ def next_prompts(seed: int, general_share: float | None, used: set[str], count: 
 
     drawn = len(used) + count
     while True:
-        fresh = [p for p in training_prompts(drawn, seed, general_share) if p["prompt"] not in used]
+        try:
+            draw = training_prompts(drawn, seed, general_share)
+        except EyasError as error:
+            raise EyasError(f"--continue: the demo's draw (seed {seed}, general_share {general_share}) has no "
+                            f"{count} new training prompts left: {error}; give fewer minutes") from error
+        fresh = [p for p in draw if p["prompt"] not in used]
         if len(fresh) >= count:
             return fresh[:count]
         drawn += count - len(fresh)
