@@ -71,7 +71,9 @@ def test_smoke_demo_runs_every_stage_and_reuses_them(tmp_path: Path) -> None:
     # previous draft, scored against the previous draft on the same held-out continuations
     root = tmp_path / "run"
     seconds = json.loads((root / "stage-seconds.json").read_text())
-    assert {"regenerate", "prepare", "extract", "train"} <= set(seconds) and seconds == stages["seconds_all_runs"]
+    again = json.loads((report / "stages.json").read_text())  # the second run's: every run's seconds summed
+    assert {"regenerate", "prepare", "extract", "train"} <= set(seconds) and seconds == again["seconds_all_runs"]
+    assert seconds["train"] == pytest.approx(stages["seconds"]["train"] + again["seconds"]["train"])
     rate = seconds_per_prompt(root, 24)
     first_record = run_continuation(config, rate * 3.5 / 60)  # minutes for 3.5 prompts: 3
     assert first_record["continuation"] == 1 and first_record["prompts"] == 3 and first_record["measured_in"] == str(root)
@@ -81,7 +83,7 @@ def test_smoke_demo_runs_every_stage_and_reuses_them(tmp_path: Path) -> None:
     base_tokens = [json.loads(line) for line in (root / "train" / "metrics.jsonl").read_text().splitlines()
                    if json.loads(line)["split"] == "train"][-1]["tokens"]
     assert first_record["training_tokens_all"] == base_tokens + first_record["training_tokens"] > base_tokens
-    init = yaml.safe_load((root / "continue-1" / "train" / "config.yaml").read_text())["init"]
+    init = yaml.safe_load((root / "continue-1" / "train" / "config.yaml").read_text())["train"]["init"]
     assert Path(init) == root / "train" / "final"
     # the previous draft replayed is the demo's own chain pass, round for round
     assert first_record["tau_previous_draft"]["humaneval"]["tau"] == pytest.approx(passes["chain"]["tau"], abs=1e-3)
