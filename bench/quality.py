@@ -32,7 +32,8 @@ trains nothing: it gathers earlier runs (the first DIR's curve, the others' line
 their DIR) into one table and plot, so a curve and ablations run apart share the same axes. The table ends
 with a power law per set through the curve's points, `tau - 1 = a * tokens^b`, and the training tokens at
 which it reaches tau 2.0 (also a `fit` JSON line): what the goals need, from the curve, not a guess.
-`--continuations FILE` adds a demo's continuations (warm-started, so markers, not curve points). Torch runs `--threads` intra-op threads (default 2); training runs with the YAML's settings.
+`--continuations FILE` adds a demo's continuations (warm-started, so markers, not curve points).
+Torch runs `--threads` intra-op threads (default 2); training runs with the YAML's settings.
 """
 
 from __future__ import annotations
@@ -100,13 +101,14 @@ def mixed_data(config_file: Path, share: float, out: Path) -> TrainConfig:
     config = out.with_name(out.name + ".yaml")  # beside the demo's directory, which holds only the demo's own files
     write_text_atomic(config, yaml.safe_dump(doc, sort_keys=False))
     run_demo(config, until="extract")
-    return demo_train_section(config)
+    return demo_sections(config)[0]
 
 
-def demo_train_section(config_file: Path) -> TrainConfig:
-    """Return the train section of the demo `config_file` under the demo's root (`OUT-vllm` where it runs vLLM)."""
-    demo, root, _ = demo_root(config_file)
-    return stage_sections(config_file, demo, root)["train"]  # type: ignore[return-value]
+def demo_sections(config_file: Path) -> tuple[TrainConfig, EvalConfig]:
+    """Return the train and eval sections of the demo `config_file` under the demo's root (`OUT-vllm` where
+    it runs vLLM), the demo's section read once."""
+    demo, root, evaluation = demo_root(config_file)
+    return stage_sections(config_file, demo, root)["train"], evaluation  # type: ignore[return-value]
 
 
 def trained(run_dir: Path) -> tuple[int, float | None]:
@@ -272,8 +274,7 @@ def main() -> None:
         print(f"quality: {args.out / 'quality.png'}", file=sys.stderr)
         return
 
-    recipe = demo_train_section(args.config)
-    evaluation = demo_root(args.config)[2]
+    recipe, evaluation = demo_sections(args.config)
     prompts_dir = evaluation.prompts.parent
     chat_file = prompts_dir / CHAT_PROMPTS
     if not chat_file.is_file():  # a demo run from before the chat set: the set is a pure function of eyas
