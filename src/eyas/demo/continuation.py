@@ -50,7 +50,7 @@ def continuation_dir(root: Path, number: int) -> Path:
 def read_records(root: Path) -> list[dict[str, Any]]:
     """Return the recorded continuations of the demo under `root`, in order (empty when there is none)."""
     path = root / "report" / RECORDS
-    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()] if path.is_file() else []
+    return _read_jsonl(path) if path.is_file() else []
 
 
 def seconds_per_prompt(directory: Path, prompts: int) -> float:
