@@ -52,7 +52,7 @@ from eyas.config import EvalConfig, TrainConfig
 from eyas.data.prompts import eos_ids
 from eyas.decode.prompts import read_prompts
 from eyas.decode.served import served_draft_tau
-from eyas.decode.replay import Continuation, greedy_continuation, pooled_chain_tau
+from eyas.decode.replay import Continuation, greedy_continuations, pooled_chain_tau
 from eyas.demo.prompts import CHAT_PROMPTS, chat_prompts
 from eyas.demo.run import demo_root, run_demo, stage_sections
 from eyas.draft.model import load_draft
@@ -61,7 +61,7 @@ from eyas.models.load import load_target
 from eyas.models.tokenizer import load_tokenizer
 from eyas.precision import machine_record
 from eyas.train.loop import run_train
-from eyas.train.plot import METRICS_FILE, read_metrics
+from eyas.train.plot import trained_figures
 
 ABLATIONS = ("ttt_steps=1 ttt_steps=3 ttt_growth=0.5 lr=0.001 lr=0.004 token_budget=1024 draft_vocab_size=2048 "
              "init_layer=-1 init_layer=15")
@@ -109,13 +109,6 @@ def demo_sections(config_file: Path) -> tuple[TrainConfig, EvalConfig]:
     it runs vLLM), the demo's section read once."""
     demo, root, evaluation = demo_root(config_file)
     return stage_sections(config_file, demo, root)["train"], evaluation  # type: ignore[return-value]
-
-
-def trained(run_dir: Path) -> tuple[int, float | None]:
-    """Return the training tokens the run saw (its last train line's cumulative `tokens`) and the implied
-    tau of its last eval line (None without one)."""
-    records = read_metrics(run_dir / METRICS_FILE, run_dir)
-    return records["train"][-1]["tokens"], records["eval"][-1]["implied_tau"] if records["eval"] else None
 
 
 def held_out_tau(run_dir: Path, parts: Any, sets: dict[str, list[Continuation]], chain: int, eos: set[int]) -> dict[str, Any]:
@@ -219,17 +212,29 @@ def plot(lines: list[dict[str, Any]], path: Path) -> None:
 def replot(directories: list[Path]) -> list[dict[str, Any]]:
     """Return the lines of earlier runs of this script for one table and plot: the first directory's as
     they are, every other's as ablations named after their directory (its curve lines included), so
-    runs of another recipe or data never join the first's curve. A run listed twice in one directory (a
-    rerun that reused it) counts once, as first listed: the later line's seconds are the reuse's."""
+    runs of another recipe or data never join the first's curve. Refuses (SystemExit, naming file and
+    line) a run name listed twice in one quality.jsonl: which of the two is meant cannot be told."""
     lines: list[dict[str, Any]] = []
     for number, directory in enumerate(directories):
+        path = directory / "quality.jsonl"
         seen: set[str] = set()
-        for line in (json.loads(text) for text in (directory / "quality.jsonl").read_text(encoding="utf-8").splitlines()):
+        for lineno, text in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+            line = json.loads(text)
             if line["name"] in seen:
-                continue
+                raise SystemExit(f"quality: {path}:{lineno}: name: {line['name']!r} listed twice; keep one of the two lines")
             seen.add(line["name"])
             lines.append({**line, "kind": "ablation", "name": f"{directory.name}: {line['name']}"} if number else line)
     return lines
+
+
+def refuse_repeats(args: argparse.Namespace) -> None:
+    """Return nothing; refuses (SystemExit) a value given twice in `--steps`, `--ablations` or `--mixes`,
+    which would train one run and score and list it twice."""
+    for option in ("steps", "ablations", "mixes"):
+        values = getattr(args, option).split()
+        twice = sorted({value for value in values if values.count(value) > 1})
+        if twice:
+            raise SystemExit(f"quality: --{option}: {', '.join(twice)} given twice")
 
 
 def continuation_lines(records: Path) -> list[dict[str, Any]]:
@@ -274,6 +279,7 @@ def main() -> None:
         print(f"quality: {args.out / 'quality.png'}", file=sys.stderr)
         return
 
+    refuse_repeats(args)
     recipe, evaluation = demo_sections(args.config)
     prompts_dir = evaluation.prompts.parent
     chat_file = prompts_dir / CHAT_PROMPTS
@@ -322,8 +328,8 @@ def main() -> None:
             aux_ids = load_draft(config.out / "final", parts.embed.weight.detach()).config.aux_layer_ids
             for set_name, prompts in prompt_sets.items():
                 print(f"quality: continuations of {set_name}", file=sys.stderr)
-                sets[set_name] = [greedy_continuation(parts, prompt, args.max_new_tokens, aux_ids) for prompt in prompts]
-        tokens, implied = trained(config.out)
+                sets[set_name] = greedy_continuations(parts, prompts, args.max_new_tokens, aux_ids)
+        tokens, implied = trained_figures(config.out)
         line = {"bench": "quality", "kind": kind, "name": name, "run": str(config.out), "tokens": tokens,
                 "max_steps": config.max_steps, "train_seconds": round(seconds, 1), "implied_tau": implied,
                 "chain": args.chain, "prompts_per_set": args.limit, "max_new_tokens": args.max_new_tokens,

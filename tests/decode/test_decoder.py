@@ -23,7 +23,7 @@ from eyas.decode.costs import RoundCosts
 from eyas.decode.decoder import Decoder, first_token_hits
 from eyas.decode.drafting import TreeShape, target_ids_of
 from eyas.decode.policy import AutoShape, ShapePolicy
-from eyas.decode.replay import greedy_continuation, replay_chain
+from eyas.decode.replay import greedy_continuations, replay_chain
 from eyas.decode.runners import DraftRunner
 from eyas.decode.sampling import Sampling
 from eyas.decode.verify import Verdict
@@ -342,8 +342,9 @@ def test_a_replayed_chain_accepts_what_the_decoder_accepts(pair, chain: int) -> 
     forwards; its accepted counts per round equal the decoder's own, with and without an EOS inside."""
     parts, draft, prompts = pair
     rounds = 0
-    for number, prompt in enumerate(prompts):
-        continuation = greedy_continuation(parts, prompt, NEW_TOKENS, draft.config.aux_layer_ids)
+    continuations = greedy_continuations(parts, prompts, NEW_TOKENS, draft.config.aux_layer_ids)
+    assert [continuation.prompt for continuation in continuations] == prompts
+    for number, (prompt, continuation) in enumerate(zip(prompts, continuations)):
         decoded = Decoder(parts, draft, TreeShape.chain_of(chain), Sampling(), set()).generate(prompt, NEW_TOKENS)
         assert continuation.tokens[:NEW_TOKENS] == decoded.tokens
         assert replay_chain(draft, continuation, chain, set()) == decoded.accepted

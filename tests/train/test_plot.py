@@ -1,4 +1,4 @@
-"""`plot_run`: three PNGs from a synthetic metrics.jsonl, and one-line errors for bad input."""
+"""`plot_run`: three PNGs from a synthetic metrics.jsonl, and one-line errors for bad input; `trained_figures`."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from eyas.errors import EyasError
-from eyas.train.plot import plot_run
+from eyas.train.plot import plot_run, trained_figures
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 NAMES = ["loss.png", "accuracy.png", "acceptance.png"]
@@ -151,3 +151,10 @@ def test_errors_are_one_line(tmp_path: Path) -> None:
         plot_run(tmp_path)
     assert "\n" not in str(info.value)
     assert str(info.value).startswith(f"{tmp_path / 'metrics.jsonl'}:1: malformed JSON: ")
+
+
+def test_trained_figures_are_the_last_lines_of_each_split(tmp_path: Path) -> None:
+    run = write_run(tmp_path / "run", train=20, eval_every=5)
+    assert trained_figures(run) == (512 * 20, metric_line("eval", 20)["implied_tau"])
+    no_eval = write_run(tmp_path / "no-eval", train=7, eval_every=0)
+    assert trained_figures(no_eval) == (512 * 7, None)

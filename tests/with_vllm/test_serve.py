@@ -85,7 +85,7 @@ def test_served_draft_tau_per_set_matches_eyas_replay(vllm_pair: dict[str, Path]
     from eyas.config import EvalConfig
     from eyas.data.prompts import target_eos_ids
     from eyas.decode.prompts import read_prompts
-    from eyas.decode.replay import greedy_continuation, pooled_chain_tau
+    from eyas.decode.replay import greedy_continuations, pooled_chain_tau
     from eyas.decode.served import served_draft_tau
     from eyas.draft.model import load_draft
     from eyas.models.load import load_target
@@ -102,7 +102,7 @@ def test_served_draft_tau_per_set_matches_eyas_replay(vllm_pair: dict[str, Path]
     parts = load_target(target, torch.float32, "cpu")
     draft = load_draft(draft_dir, parts.embed.weight.detach()).eval()
     for name, prompts in sets.items():
-        continuations = [greedy_continuation(parts, prompt, 48, draft.config.aux_layer_ids) for prompt in prompts]
+        continuations = greedy_continuations(parts, prompts, 48, draft.config.aux_layer_ids)
         replayed = pooled_chain_tau(draft, continuations, 3, stop)["tau"]
         figures = f"{name}: vLLM tau {served[name].tau:.3f}, eyas replay {replayed:.3f}"
         assert served[name].tau > 1.3 and abs(served[name].tau / replayed - 1) <= TOLERANCE, figures

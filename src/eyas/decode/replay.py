@@ -51,6 +51,13 @@ def greedy_continuation(parts: TargetParts, prompt: list[int], max_new_tokens: i
     return Continuation(prompt, tokens, max_new_tokens, aux)
 
 
+def greedy_continuations(parts: TargetParts, prompts: list[list[int]], max_new_tokens: int,
+                         aux_layer_ids: list[int]) -> list[Continuation]:
+    """Return `greedy_continuation` of each prompt, in order: a held-out set's continuations, computed once
+    and shared by every draft scored on them."""
+    return [greedy_continuation(parts, prompt, max_new_tokens, aux_layer_ids) for prompt in prompts]
+
+
 def replay_chain(draft: Eagle3Draft, continuation: Continuation, chain: int, eos: set[int]) -> list[int]:
     """Return the draft tokens accepted per round by greedy chain-`chain` decoding of the continuation's
     prompt (the prefill is not a round), stopping after an EOS in `eos` or at the budget.

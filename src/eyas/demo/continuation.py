@@ -128,13 +128,6 @@ def _stage_configs(directory: Path, regenerate: RegenerateConfig, prepare: Prepa
                                      "init_layer": None, "overwrite": False}))
 
 
-def _training_tokens(run: Path) -> int:
-    """Return the training tokens a finished training run saw (its last train line's cumulative count)."""
-    from eyas.train.plot import METRICS_FILE, read_metrics
-
-    return int(read_metrics(run / METRICS_FILE, run)["train"][-1]["tokens"])
-
-
 def _held_out_taus(evaluation: EvalConfig, chat_prompts: Path, drafts: dict[str, Path], chain: int) -> dict[str, Any]:
     """Return, per draft name, the pooled replayed chain tau on both held-out sets (the target's
     continuations computed once, in the eval section's dtype)."""
@@ -142,7 +135,7 @@ def _held_out_taus(evaluation: EvalConfig, chat_prompts: Path, drafts: dict[str,
 
     from eyas.data.prompts import eos_ids
     from eyas.decode.prompts import read_prompts
-    from eyas.decode.replay import greedy_continuation, pooled_chain_tau
+    from eyas.decode.replay import greedy_continuations, pooled_chain_tau
     from eyas.draft.model import load_draft
     from eyas.models.load import DTYPES, load_target, resolve_device
     from eyas.models.tokenizer import load_tokenizer
@@ -158,8 +151,8 @@ def _held_out_taus(evaluation: EvalConfig, chat_prompts: Path, drafts: dict[str,
     figures: dict[str, Any] = {name: {} for name in drafts}
     for set_name, path in (("humaneval", evaluation.prompts), ("chat", chat_prompts)):
         with torch.inference_mode():
-            continuations = [greedy_continuation(parts, prompt, evaluation.max_new_tokens, aux_ids)
-                             for prompt in read_prompts(path, tokenizer, evaluation.limit)]
+            continuations = greedy_continuations(parts, read_prompts(path, tokenizer, evaluation.limit),
+                                                 evaluation.max_new_tokens, aux_ids)
             for name, draft in loaded.items():
                 figures[name][set_name] = pooled_chain_tau(draft, continuations, chain, eos)
     return figures
@@ -177,6 +170,7 @@ def run_continuation(config_file: Path, minutes: float) -> dict[str, Any]:
     from eyas.features.extract import run_extract
     from eyas.precision import machine_record
     from eyas.train.loop import run_train
+    from eyas.train.plot import trained_figures
 
     if minutes <= 0:
         raise EyasError(f"--continue: {minutes}: minutes must be positive")
@@ -199,8 +193,8 @@ def run_continuation(config_file: Path, minutes: float) -> dict[str, Any]:
     chain = demo.chain or DEFAULT_CHAIN
     taus = clock.timed("held-out tau", lambda: _held_out_taus(
         evaluation, root / "prompts" / CHAT_PROMPTS, {"previous": init, "draft": final}, chain))
-    tokens = _training_tokens(directory / "train")
-    before = records[-1]["training_tokens_all"] if records else _training_tokens(train.out)
+    tokens = trained_figures(directory / "train")[0]
+    before = records[-1]["training_tokens_all"] if records else trained_figures(train.out)[0]
     record = {**plan, "training_tokens": tokens, "training_tokens_all": before + tokens, "chain": chain,
               "held_out_prompts": evaluation.limit, "max_new_tokens": evaluation.max_new_tokens,
               "tau": taus["draft"], "tau_previous_draft": taus["previous"],

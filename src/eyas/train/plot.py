@@ -87,6 +87,13 @@ def read_metrics(path: Path, run_dir: Path | None = None) -> Records:
     return {split: [steps[s] for s in sorted(steps)] for split, steps in by_step.items()}
 
 
+def trained_figures(run_dir: Path) -> tuple[int, float | None]:
+    """Return the training tokens an `eyas train` run saw (its last train line's cumulative `tokens`) and the
+    implied tau of its last eval line (None without one). Refuses what `read_metrics` refuses."""
+    records = read_metrics(run_dir / METRICS_FILE, run_dir)
+    return int(records["train"][-1]["tokens"]), records["eval"][-1]["implied_tau"] if records["eval"] else None
+
+
 def _ttt_steps(records: Records) -> int:
     """Return k, the number of TTT steps, from the largest `loss_j` / `acc_j` / `cond_acc_j` key."""
     indices = [int(m.group(1)) for rows in records.values() for row in rows for key in row if (m := _STEP_KEY.match(key))]
