@@ -75,7 +75,7 @@ test-transformers4:
 
 # The whole job on the embedded SmolLM2 target: prompts -> regenerate -> prepare -> extract -> train
 # -> eval -> export (docs/demo.md). SIZE=small (default) fits in 30 minutes on a 2-core CPU; SIZE=full
-# gives the benchmark figures (docs/benchmarks.md, about 2 hours, resumable); SIZE=smoke is a wiring check.
+# gives the benchmark figures (docs/benchmarks.md, 1.5 hours of stages on a 2-core AVX512-BF16 CPU with vLLM, resumable); SIZE=smoke is a wiring check.
 # Where `make setup-vllm` has built the vLLM venv, the demo runs there: regenerate through vLLM and vLLM's
 # served figures beside eyas's (under runs/demo-vllm; demo.vllm in the YAML, docs/demo.md).
 SIZE ?= small
