@@ -17,10 +17,12 @@ done
 $BIN/python - "$ROOT" "$K" "$OUT" "$TTT_STEPS" <<'PY'
 import json, sys
 from pathlib import Path
+from eyas.demo.continuation import read_records
+from eyas.train.plot import METRICS_FILE, read_metrics
 root, k, out, depth = Path(sys.argv[1]), int(sys.argv[2]), Path(sys.argv[3]), int(sys.argv[4])
-record = [json.loads(line) for line in (root / "report" / "continuations.jsonl").read_text().splitlines()][k - 1]
-train_lines = [json.loads(line) for line in (out / f"ttt{depth}" / "metrics.jsonl").read_text().splitlines()]
-last = [line for line in train_lines if line["split"] == "train"][-1]
+record = read_records(root)[k - 1]
+run = out / f"ttt{depth}"
+last = read_metrics(run / METRICS_FILE, run)["train"][-1]
 for name, label in (("humaneval", "eval-prompts"), ("chat", "chat-prompts")):
     report = json.loads((out / f"eval-{label}" / "report.json").read_text())
     base = record["tau"][name]["tau"]
