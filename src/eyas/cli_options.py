@@ -26,7 +26,7 @@ import yaml
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
 
-from eyas.config import ARGUMENT_KEY, StageConfig, load_stage_config
+from eyas.config import ARGUMENT_KEY, StageConfig, load_stage_config, load_yaml
 from eyas.errors import EyasError
 
 _CONFIG = inspect.Parameter("config", inspect.Parameter.KEYWORD_ONLY, default=None, annotation=Annotated[
@@ -102,8 +102,8 @@ def _int_list(flag: str) -> Callable[[str], list[int]]:
 def _mapping(flag: str) -> Callable[[str], dict[str, Any]]:
     def parse(value: str) -> dict[str, Any]:
         try:
-            mapping = yaml.safe_load(value)
-        except yaml.YAMLError:
+            mapping = load_yaml(value)
+        except yaml.YAMLError:  # a duplicate key included
             mapping = None
         if not isinstance(mapping, dict):
             raise EyasError(f"{flag} {value!r}: expected a YAML mapping, e.g. '{{enable_thinking: false}}'")

@@ -11,14 +11,15 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+import re
+from typing import Annotated, Any, Literal, TypeVar
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationError
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PositiveInt, ValidationError
 
 from eyas import __version__
 from eyas.errors import EyasError
-from eyas.files import write_text_atomic
+from eyas.files import reading, write_text_atomic
 from eyas.precision import DtypeChoice
 from eyas.models.layers import Convention
 
@@ -32,6 +33,27 @@ STAGE_NAMES = ("demo", "prepare", "regenerate", "extract", "train", "eval", "exp
 DECIDES: dict[str, Any] = {"decides": True}  # json_schema_extra of a field that decides the result: part of the run key
 ARGUMENT_KEY = "argument"
 ARGUMENT: dict[str, Any] = {ARGUMENT_KEY: True}  # json_schema_extra of the field that is the verb's positional argument
+
+
+_DEVICE = re.compile(r"cpu|cuda(:\d+)?")
+
+
+def _device_name(value: str) -> str:
+    """Return `value` when it names a device eyas runs on (cpu, cuda, cuda:N); refuses `gpu`, `tpu`, `mps`..."""
+    if not _DEVICE.fullmatch(value):
+        raise ValueError(f"{value!r}: not a device eyas runs on; expected cpu, cuda or cuda:N")
+    return value
+
+
+def _device_map_name(value: str) -> str:
+    """Return `value` when it is a device (`_device_name`) or `auto` (a device map over the GPUs)."""
+    if value != "auto" and not _DEVICE.fullmatch(value):
+        raise ValueError(f"{value!r}: not a device eyas runs on; expected cpu, cuda, cuda:N or auto")
+    return value
+
+
+Device = Annotated[str, AfterValidator(_device_name)]
+DeviceMap = Annotated[str, AfterValidator(_device_map_name)]
 
 
 class StageConfig(BaseModel):
@@ -96,7 +118,7 @@ class ExtractConfig(StageConfig):
     )
     storage_dtype: Literal["bf16", "fp8", "fp32"] = Field("bf16", description="dtype of stored features", json_schema_extra=DECIDES)
     dtype: DtypeChoice = Field("auto", description=f"dtype the target runs in ({AUTO_HELP})", json_schema_extra=DECIDES)
-    device: str | None = Field(None, description="cpu, cuda, cuda:N or auto (device_map over GPUs); default cuda if present")
+    device: DeviceMap | None = Field(None, description="cpu, cuda, cuda:N or auto (device_map over GPUs); default cuda if present")
     token_budget: PositiveInt = Field(8192, description="padded tokens per forward batch", json_schema_extra=DECIDES)
     shard_tokens: PositiveInt = Field(65536, description="tokens per store shard (host memory grows with this)", json_schema_extra=DECIDES)
     backend: Literal["hf", "vllm"] = Field("hf", description="hf: transformers with hooks; vllm: vLLM's public "
@@ -142,7 +164,7 @@ class TrainConfig(StageConfig):
     log_every: PositiveInt = Field(10, description="write a metrics.jsonl line every N optimizer steps")
     save_every: PositiveInt = Field(200, description="write a checkpoint every N optimizer steps (and at the end)")
     keep_last: PositiveInt = Field(2, description="checkpoints kept besides the best one")
-    device: str | None = Field(None, description="cpu, cuda or cuda:N (default cuda if present; LOCAL_RANK under torchrun)")
+    device: Device | None = Field(None, description="cpu, cuda or cuda:N (default cuda if present; LOCAL_RANK under torchrun)")
     fsdp: bool = Field(False, description="under torchrun: shard the draft's weights, gradients and AdamW moments (FSDP2)")
     preflight: bool = Field(True, description="online: audit eyas's engine API contract before loading the target")
     dtype: Literal["auto", "bfloat16", "float32"] = Field(
@@ -178,7 +200,7 @@ class RegenerateConfig(StageConfig):
     backend: Literal["hf", "vllm"] = Field(
         "hf", description="hf: transformers' generate; vllm: vLLM's offline engine, continuous batching (make setup-vllm)",
         json_schema_extra=DECIDES)
-    device: str | None = Field(None, description="cpu, cuda or cuda:N (default cuda if present; hf backend)")
+    device: Device | None = Field(None, description="cpu, cuda or cuda:N (default cuda if present; hf backend)")
     dtype: DtypeChoice = Field("auto", description=f"dtype the target runs in ({AUTO_HELP})", json_schema_extra=DECIDES)
     overwrite: bool = Field(False, description="replace another regenerate output in --out")
     trust_remote_code: bool = Field(False, description="allow custom model code from the target directory")
@@ -216,7 +238,7 @@ class EvalConfig(StageConfig):
                             "ngram) on the same prompt ids and report its figures beside eyas's (needs vLLM: make setup-vllm)",
         json_schema_extra=DECIDES)
     seed: int = Field(0, description="sampling seed", json_schema_extra=DECIDES)
-    device: str | None = Field(None, description="cpu, cuda or cuda:N (default cuda if present)")
+    device: Device | None = Field(None, description="cpu, cuda or cuda:N (default cuda if present)")
     dtype: DtypeChoice = Field("auto", description=f"dtype of target and draft ({AUTO_HELP})", json_schema_extra=DECIDES)
     overwrite: bool = Field(False, description="replace another report in --out")
     trust_remote_code: bool = Field(False, description="allow custom model code from the target directory")
@@ -264,15 +286,68 @@ class CheckDraftConfig(StageConfig):
 Config = TypeVar("Config", bound=StageConfig)
 
 
-def _read_section(config_file: Path, stage: str) -> dict[str, Any]:
+class DuplicateKey(yaml.constructor.ConstructorError):
+    """A key given twice in one YAML mapping (`key`; `problem_mark` is the second one)."""
+
+    def __init__(self, key: Any, first: yaml.Mark, again: yaml.Mark) -> None:
+        self.key = key
+        super().__init__(None, None, f"duplicate key {key!r} (first on line {first.line + 1})", again)
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, but a key given twice in one mapping is refused (PyYAML keeps the last), and
+    so is an integer too long to convert (a ValueError from `int`)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: dict[Any, yaml.Mark] = {}
+        for key_node, _ in node.value if isinstance(node, yaml.MappingNode) else ():  # the base refuses others
+            if key_node.tag == "tag:yaml.org,2002:merge":  # `<<: *base` merges keys the mapping may override
+                continue
+            key = self.construct_object(key_node, deep=deep)
+            try:
+                first = seen.get(key)
+            except TypeError:  # an unhashable key: the base constructor refuses it
+                continue
+            if first is not None:
+                raise DuplicateKey(key, first, key_node.start_mark)
+            seen[key] = key_node.start_mark
+        return super().construct_mapping(node, deep=deep)
+
+    def construct_yaml_int(self, node: yaml.ScalarNode) -> int:
+        """Return the integer of `node`; refuses one longer than Python converts (`int` raises ValueError)."""
+        try:
+            return super().construct_yaml_int(node)
+        except ValueError:
+            raise yaml.constructor.ConstructorError(
+                None, None, f"an integer of more than {sys.get_int_max_str_digits()} digits", node.start_mark) from None
+
+
+_UniqueKeyLoader.add_constructor("tag:yaml.org,2002:int", _UniqueKeyLoader.construct_yaml_int)
+
+
+def load_yaml(text: str) -> Any:
+    """Return the value of the YAML document `text`, read as `yaml.safe_load` does; refuses, as a
+    `yaml.YAMLError`, a key given twice in any mapping of it (a `DuplicateKey`) and an integer too long
+    to convert."""
+    return yaml.load(text, Loader=_UniqueKeyLoader)
+
+
+def _read_document(config_file: Path) -> Any:
+    """Return the YAML value of `config_file`; refuses a missing or unreadable file, one that is not
+    UTF-8 or nested too deeply, and invalid YAML (a duplicate key included), naming the line."""
     if not config_file.is_file():
         raise EyasError(f"{config_file}: config file not found")
     try:
-        doc = yaml.safe_load(config_file.read_text(encoding="utf-8"))
+        with reading(config_file):
+            return load_yaml(config_file.read_text(encoding="utf-8"))
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         line = f":{mark.line + 1}" if mark is not None else ""
         raise EyasError(f"{config_file}{line}: invalid YAML: {getattr(exc, 'problem', exc)}") from None
+
+
+def _read_section(config_file: Path, stage: str) -> dict[str, Any]:
+    doc = _read_document(config_file)
     if doc is None:
         return {}
     if not isinstance(doc, dict):
@@ -298,7 +373,9 @@ def _apply_override(values: dict[str, Any], override: str, stage: str) -> None:
     if not parts or not all(parts):
         raise EyasError(f"override {override!r}: empty key")
     try:
-        value = yaml.safe_load(raw) if raw else ""
+        value = load_yaml(raw) if raw else ""
+    except DuplicateKey as exc:
+        raise EyasError(f"override {override!r}: duplicate key {exc.key!r}") from None
     except yaml.YAMLError:
         value = raw
     node = values
@@ -315,6 +392,8 @@ def _describe(error: dict[str, Any], stage: str) -> str:
         return f"{field}: unknown key"
     if error["type"] == "missing":
         return f"{field}: required (give it as a flag, in --config, or as {field}=...)"
+    if error["type"] == "value_error":  # eyas's own validators: the message names the value
+        return f"{field}: {error['ctx']['error']}"
     return f"{field}: {error['msg']} (got {error.get('input')!r})"
 
 

@@ -37,6 +37,15 @@ class DiskFull(EyasError):
                          "to resume")
 
 
+class UnreadableInput(EyasError):
+    """An input file that cannot be read (permissions, I/O, encoding, truncation), with the reason."""
+
+    def __init__(self, path: Path | str, reason: str) -> None:
+        self.path = path
+        self.reason = reason
+        super().__init__(f"{path}: cannot read it: {reason}")
+
+
 class InputError(EyasError):
     """Bad input data, located as `file:line: field: problem`."""
 

@@ -15,7 +15,7 @@ from typing import Any
 
 from safetensors import SafetensorError
 
-from eyas.errors import DiskFull, EyasError
+from eyas.errors import DiskFull, EyasError, UnreadableInput
 
 _CHUNK = 1 << 20
 _UMASK = os.umask(0)
@@ -81,6 +81,42 @@ def writing(path: Path) -> Iterator[None]:
         if reason is None:
             raise
         raise DiskFull(path, reason) from None
+
+
+def _unreadable_reason(error: BaseException) -> str | None:
+    """Return one line saying why reading an input failed, when `error` is a failure to read (not a bug)."""
+    if isinstance(error, OSError):
+        return error.strerror or str(error) or type(error).__name__
+    if isinstance(error, UnicodeDecodeError):
+        return f"not UTF-8 text (byte 0x{error.object[error.start]:02x} at offset {error.start})"
+    if isinstance(error, SafetensorError):
+        return f"not a readable safetensors file ({str(error).splitlines()[0] if str(error) else 'truncated'})"
+    if isinstance(error, RecursionError):
+        return "nested too deeply to read"
+    if type(error).__module__.startswith("pyarrow") and isinstance(error, ValueError | OSError):
+        return f"not a readable Parquet file ({str(error).splitlines()[0]})"
+    return None
+
+
+@contextmanager
+def reading(path: Path | str) -> Iterator[None]:
+    """Run a block that reads the input `path`; a failure to read it becomes one `UnreadableInput` line.
+
+    The one boundary where eyas turns a failure to *read* an input into a user error (exit 2) naming the
+    file and the reason: an `OSError` (missing, unreadable, EIO, a directory), bytes that are not UTF-8,
+    a truncated or foreign safetensors file, a corrupt Parquet file (pyarrow's `ArrowInvalid`), a
+    document nested too deeply to parse. Anything else (a bug in eyas) passes unchanged, traceback and
+    all; so do eyas's own errors. Nested blocks name the innermost path (the file, not its directory).
+    """
+    try:
+        yield
+    except EyasError:
+        raise
+    except (OSError, UnicodeDecodeError, SafetensorError, RecursionError, ValueError) as error:
+        reason = _unreadable_reason(error)
+        if reason is None:
+            raise
+        raise UnreadableInput(path, reason) from None
 
 
 def write_atomic(path: Path, write: Callable[[Path], None]) -> None:
@@ -153,7 +189,8 @@ def read_json_object(path: Path, missing: str = "") -> dict[str, Any]:
     if not path.is_file():
         raise EyasError(f"{path}: not found{'; ' + missing if missing else ''}")
     try:
-        value = json.loads(path.read_text(encoding="utf-8"))
+        with reading(path):
+            value = json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as exc:
         raise EyasError(f"{path}:{exc.lineno}: malformed JSON: {exc.msg}") from None
     if not isinstance(value, dict):

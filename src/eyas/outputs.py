@@ -68,7 +68,10 @@ def claim_output_dir(out: Path, run_key: str, existing_keys: set[str], own: tupl
     """
     if out.exists() and not out.is_dir():
         raise EyasError(f"{out}: exists and is not a directory (--out)")
-    out.mkdir(parents=True, exist_ok=True)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise EyasError(f"{out}: cannot make the output directory ({error.strerror}); use another --out") from None
     _lock_output_dir(out)
     for stale in out.glob(".*.tmp-*"):
         stale.unlink()

@@ -32,6 +32,7 @@ RUN_FILE = "run.json"
 CONFIG_FILE = "config.yaml"
 SUMMARY_FILE = "summary.json"
 MANIFEST_FILE = "manifest.json"
+MODEL_FILES = ("config.json", "model.safetensors")  # a model or draft directory (the Hugging Face layout)
 Manifest = TypeVar("Manifest", bound="StageManifest")
 
 
@@ -162,6 +163,11 @@ class Stage:
         key = run_key(self.name, config, inputs)
         if not primary:
             return Run(out, key, resumed=False)
+        _refuse_nesting(out, config)
+        owner = self.other_owner(out, key)
+        if owner is not None:
+            raise EyasError(f"{out}: holds {owner}; `eyas {self.name}` never replaces it, with or without --overwrite; "
+                            "use another --out")
         existing = self.recorded_keys(out)
         overwrite = bool(getattr(config, "overwrite", False))
         resumed = claim_output_dir(out, key, existing, (*self.own, RUN_FILE, CONFIG_FILE), overwrite, self.what,
@@ -171,10 +177,59 @@ class Stage:
         return Run(out, key, resumed)
 
 
+    def other_owner(self, out: Path, key: str) -> str | None:
+        """Return what `out` holds when it is not this stage's to claim, else None.
+
+        A directory is this stage's when its `run.json` names this stage, or it has no `run.json` and
+        nothing that says whose it is. Another stage's output (its `run.json`), a finished output whose
+        `run.json` is gone (a `manifest.json` of another run) and model files with no `run.json` (a
+        draft under a training run's `final/` or `best/`, a published draft, a target) are never this
+        stage's: `--overwrite` replaces a stage's own earlier runs, nothing else.
+        """
+        if not out.is_dir():
+            return None
+        run = out / RUN_FILE
+        if run.is_file():
+            stage = read_json_object(run).get("stage")
+            return None if stage == self.name else f"the output of `eyas {stage}` (its {RUN_FILE})"
+        manifest = out / MANIFEST_FILE
+        if manifest.is_file() and read_json_object(manifest).get("run_key") != key:
+            return f"a finished eyas output whose {RUN_FILE} is gone ({MANIFEST_FILE} of another run)"
+        model = [name for name in MODEL_FILES if (out / name).exists()]
+        if model:
+            return f"model files ({', '.join(model)}) that no eyas stage claimed: a trained draft or a model"
+        return None
+
     def recorded_keys(self, out: Path) -> set[str]:
         """Return the run keys recorded in `out` (run.json and the `keyed` records)."""
         records = [out / RUN_FILE, *(path for pattern in self.keyed for path in sorted(out.glob(pattern)))]
         return {_recorded_key(path) for path in records if path.is_file()}
+
+
+def _input_paths(config: StageConfig) -> list[tuple[str, Path]]:
+    """Return (field, path) of every path of `config` besides `out`: the stage's inputs."""
+    found: list[tuple[str, Path]] = []
+    for name in type(config).model_fields:
+        value = getattr(config, name)
+        paths = value if isinstance(value, list) else [value]
+        found += [(name, path) for path in paths if isinstance(path, Path) and name != "out"]
+    return found
+
+
+def _refuse_nesting(out: Path, config: StageConfig) -> None:
+    """Refuse an `out` inside one of the stage's input directories, or one holding an input: the stage's
+    files would become its own inputs (or `--overwrite` would remove them)."""
+    where = out.resolve()
+    for name, path in _input_paths(config):
+        given = path.resolve()
+        flag = "--" + name.replace("_", "-")
+        if where == given:
+            raise EyasError(f"{out}: is the input {flag} itself; use another --out")
+        if given in where.parents:
+            raise EyasError(f"{out}: inside the input {path} ({flag}); the stage's files would become its own "
+                            "inputs: use an --out outside it")
+        if where in given.parents:
+            raise EyasError(f"{out}: holds the input {path} ({flag}); use an --out that does not contain the inputs")
 
 
 def _recorded_key(record: Path) -> str:

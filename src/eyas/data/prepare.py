@@ -25,7 +25,7 @@ from eyas.data.records import Conversation, Document, Prompt, parse_record
 from eyas.data.sources import RawRecord, count_records, expand_inputs, read_records
 from eyas.data.vocab import CACHE_DIR, cached_draft_vocab, save_draft_vocab
 from eyas.errors import EyasError, InputError
-from eyas.files import sha256_file, sha256_text, sha256_tree, write_atomic, write_json_atomic, write_text_atomic
+from eyas.files import reading, sha256_file, sha256_text, sha256_tree, write_atomic, write_json_atomic, write_text_atomic
 from eyas.progress import stage_progress
 from eyas.stage import Stage
 from eyas.models.fingerprint import TargetFingerprint, target_fingerprint
@@ -154,6 +154,21 @@ def _summed(shards: list[ds.ShardStats]) -> tuple[dict[str, int], dict[str, int]
     return dict(counts), dict(sorted(skipped.items())), examples[:MAX_SKIPPED_EXAMPLES]
 
 
+def _input_entry(path: Path) -> dict[str, str]:
+    """Return an input's manifest entry, its path and sha256; refuses a file that cannot be read."""
+    with reading(path):
+        return {"path": str(path), "sha256": sha256_tree(path)}
+
+
+def _nothing_usable(out: Path, counts: dict[str, int], max_length: int | None) -> EyasError:
+    """Return the refusal of a run that kept no row and no prompt, saying where the records went."""
+    went = [f"{counts.get('skipped', 0)} skipped as invalid"]
+    if dropped := counts.get("dropped_no_loss", 0):
+        within = f" within --max-length {max_length}" if max_length is not None else ""
+        went.append(f"{dropped} dropped: no loss token{within}")
+    return EyasError(f"{out}: no usable records in the inputs ({counts.get('records', 0)} read: {'; '.join(went)})")
+
+
 def _attach_vocab(config: PrepareConfig, manifest: ds.DatasetManifest) -> ds.DatasetManifest:
     """Write `vocab.safetensors` for the configured size (cached per dataset fingerprint and size)."""
     size = config.draft_vocab_size
@@ -173,7 +188,7 @@ def run_prepare(config: PrepareConfig) -> tuple[ds.DatasetManifest, bool]:
     inputs_paths = expand_inputs(config.data)
     tokenizer = load_tokenizer(config.target, config.trust_remote_code)
     target = target_fingerprint(config.target, tokenizer)
-    inputs = [{"path": str(p), "sha256": sha256_tree(p)} for p in inputs_paths]
+    inputs = [_input_entry(p) for p in inputs_paths]
     run = PREPARE.claim(config, _identities(target, inputs))
     run_key = run.key
     finished, done = _finished_part(config.out) if run.resumed else (None, [])
@@ -208,7 +223,7 @@ def run_prepare(config: PrepareConfig) -> tuple[ds.DatasetManifest, bool]:
     counts, skipped, examples = _summed(shards)
     data_files = [s.data_file for s in shards if s.data_file]
     if counts.get("rows", 0) == 0 and counts.get("prompts", 0) == 0:
-        raise EyasError(f"{config.out}: no usable records in the inputs ({counts.get('skipped', 0)} skipped)")
+        raise _nothing_usable(config.out, counts, config.max_length)
     token_counts = ds.count_loss_tokens(config.out, data_files, target.vocab_size)
     write_atomic(config.out / ds.TOKEN_COUNTS, lambda tmp: save_file({"counts": token_counts}, str(tmp)))
     fingerprint = sha256_text(run_key + "".join(f"{s.data_sha256}{s.prompts_sha256}" for s in shards))

@@ -20,7 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from eyas.data.chat_tokens import ChatEncoder
-from eyas.data.records import Prompt
+from eyas.data.records import Prompt, unicode_text
+from eyas.data.sources import load_json_line, text_lines
 from eyas.errors import EyasError
 
 KINDS = ("prompt", "messages", "text")
@@ -34,6 +35,8 @@ def _turns(value: Any, where: str) -> list[dict[str, str]]:
         if not (isinstance(message, dict) and isinstance(message.get("role"), str)
                 and isinstance(message.get("content"), str)):
             raise EyasError(f"{where}: messages[{i}]: expected {{\"role\": str, \"content\": str}}")
+        for key in ("role", "content"):
+            unicode_text(where, f"messages[{i}].{key}", message[key])
     return value
 
 
@@ -41,7 +44,8 @@ def parse_prompt(record: Any, where: str, kinds: tuple[str, ...] = KINDS) -> Pro
     """Return the prompt of one decoded JSONL value (its source: the record's `"source"`, else `where`).
 
     Refuses, naming `where` and the field: a value that is not an object, one without exactly one of
-    the fields `kinds`, a non-string prompt or text, and malformed messages.
+    the fields `kinds`, a non-string prompt or text, malformed messages, and text holding a lone
+    surrogate.
     """
     if not isinstance(record, dict):
         raise EyasError(f"{where}: expected a JSON object")
@@ -53,22 +57,21 @@ def parse_prompt(record: Any, where: str, kinds: tuple[str, ...] = KINDS) -> Pro
         return Prompt(source, turns=_turns(value, where))
     if not isinstance(value, str):
         raise EyasError(f"{where}: {kind}: expected a string")
+    unicode_text(where, kind, value)
     return Prompt(source, prompt=value) if kind == "prompt" else Prompt(source, text=value)
 
 
 def _lines(files: list[Path]) -> Iterator[tuple[str, str]]:
-    """Yield `(file:line, text)` for each non-blank line of `files`, in order."""
+    """Yield `(file:line, text)` for each non-blank line of `files`, in order (eyas.data.sources.text_lines)."""
     for file in files:
-        with open(file, encoding="utf-8") as handle:
-            for number, line in enumerate(handle, 1):
-                if line.strip():
-                    yield f"{file}:{number}", line
+        for number, line in text_lines(file):
+            yield f"{file}:{number}", line
 
 
 def _read_one(line: str, where: str, encoder: ChatEncoder, kinds: tuple[str, ...],
               check: Callable[[Prompt], str | None]) -> Prompt:
     try:
-        record = json.loads(line)
+        record = load_json_line(where, line)
     except json.JSONDecodeError as error:
         raise EyasError(f"{where}: not JSON ({error.msg})") from None
     prompt = parse_prompt(record, where, kinds)
@@ -86,9 +89,10 @@ def read_prompt_files(files: list[Path], encoder: ChatEncoder, kinds: tuple[str,
     """Return the first `limit` (all when None) good prompts of `files`, in order, with their ids
     (`encoder.prompt_ids`), and the bad records as `{"where", "reason"}` (only with `skip_invalid`).
 
-    A record is bad when it is not JSON, `parse_prompt` or `encoder.prompt_ids` refuses it, or `check`
-    returns a problem (`"field: reason"`) for the rendered prompt. Without `skip_invalid` the first
-    bad record is refused as a one-line EyasError naming file, line and field.
+    A record is bad when it is not JSON (or not UTF-8, nested too deeply, holds too long an integer),
+    `parse_prompt` or `encoder.prompt_ids` refuses it, or `check` returns a problem (`"field: reason"`)
+    for the rendered prompt. Without `skip_invalid` the first bad record is refused as a one-line
+    EyasError naming file, line and field; a file that cannot be read is refused whole (`UnreadableInput`).
     """
     prompts: list[Prompt] = []
     rejected: list[dict[str, str]] = []

@@ -85,10 +85,24 @@ class Prompt:
 Record = Conversation | Document | Prompt
 
 
+def unicode_text(source: str, field: str, value: str) -> str:
+    """Return `value`; refuses, as an InputError naming `source` and `field`, a string holding a lone
+    surrogate (valid JSON such as `"\\ud800"` that pairs with nothing): no tokenizer can encode it."""
+    if value.isascii():
+        return value
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as error:
+        surrogate = f"\\u{ord(value[error.start]):04x}"
+        raise InputError(source, field, f"holds a lone surrogate ({surrogate}), not valid Unicode text",
+                         "lone surrogate") from None
+    return value
+
+
 def _string(source: str, field: str, value: Any) -> str:
     if not isinstance(value, str):
         raise InputError(source, field, f"expected a string, got {type(value).__name__}", "non-string field")
-    return value
+    return unicode_text(source, field, value)
 
 
 def _conversation(source: str, key: str, turns: Any) -> Conversation:

@@ -20,7 +20,8 @@ from eyas.errors import EyasError
 def read_prompts(path: Path, tokenizer: Any, limit: int | None = None,
                  template_kwargs: dict[str, Any] | None = None) -> list[list[int]]:
     """Return the token ids of the first `limit` prompts of `path` (all when None), chats rendered with
-    `template_kwargs`; refuses a missing file, a bad line (file, line, field) and a file of no prompts."""
+    `template_kwargs`; refuses a missing or unreadable file, a bad line (file, line, field: not JSON, not
+    UTF-8, a lone surrogate, ...) and a file of no prompts."""
     if not path.is_file():
         raise EyasError(f"{path}: prompts file not found (--prompts)")
     encoder = ChatEncoder(tokenizer, template_kwargs or {}, False, str(tokenizer.name_or_path), masks=False)

@@ -97,11 +97,18 @@ def meta_execution() -> Iterator[None]:
 
 
 def resolve_device(device: str | None) -> str:
-    """Return the device to run on: `cuda` when available and none was asked for, else `cpu`."""
+    """Return the device to run on: `device` as given (a stage config has checked its name), or `cuda` when
+    available and none was asked for, else `cpu`. Refuses (exit 3, this machine cannot run it) a CUDA device
+    torch cannot see. `auto` (a device map over the GPUs, where a stage takes it) passes as it is.
+    """
     if device is None:
         return "cuda" if torch.cuda.is_available() else "cpu"
-    if device.startswith("cuda") and not torch.cuda.is_available():
-        raise CannotRun(f"device: {device} asked for, but torch sees no CUDA device")
+    if device.startswith("cuda"):
+        if not torch.cuda.is_available():
+            raise CannotRun(f"--device: {device} asked for, but torch sees no CUDA device")
+        index = torch.device(device).index
+        if index is not None and index >= torch.cuda.device_count():
+            raise CannotRun(f"--device: {device} asked for, but torch sees {torch.cuda.device_count()} CUDA device(s)")
     return device
 
 
