@@ -86,7 +86,10 @@ def writing(path: Path) -> Iterator[None]:
 def _unreadable_reason(error: BaseException) -> str | None:
     """Return one line saying why reading an input failed, when `error` is a failure to read (not a bug)."""
     if isinstance(error, OSError):
-        return error.strerror or str(error) or type(error).__name__
+        if error.strerror:
+            return error.strerror
+        words, _, tail = str(error).rpartition(": ")  # safetensors: "No such file or directory: PATH"
+        return (words if os.sep in tail else str(error)) or type(error).__name__
     if isinstance(error, UnicodeDecodeError):
         return f"not UTF-8 text (byte 0x{error.object[error.start]:02x} at offset {error.start})"
     if isinstance(error, SafetensorError):

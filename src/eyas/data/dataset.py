@@ -23,7 +23,7 @@ from pydantic import BaseModel, Field, ValidationError
 
 from eyas.data.chat_tokens import Encoded
 from eyas.errors import EyasError
-from eyas.files import write_atomic
+from eyas.files import reading, write_atomic
 from eyas.stage import MANIFEST_FILE, StageManifest
 
 FORMAT_VERSION = 1
@@ -108,11 +108,25 @@ def write_data_shard(path: Path, rows: list[Encoded]) -> None:
     write_atomic(path, lambda tmp: pq.write_table(table, tmp, compression="zstd"))
 
 
+def _parquet(path: Path) -> pq.ParquetFile:
+    """Return the Parquet shard `path`, opened (its footer read); refuses one that cannot be read."""
+    with reading(path):
+        return pq.ParquetFile(path)
+
+
+def _read_columns(path: Path, columns: list[str]) -> pa.Table:
+    """Return `columns` of the Parquet shard `path`; refuses one that cannot be read."""
+    with reading(path):
+        return pq.read_table(path, columns=columns)
+
+
 def iter_shard_tokens(path: Path) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-    """Yield `(input_ids [T] int32, loss_mask [T] bool)` flattened over each row group of a shard."""
-    parquet = pq.ParquetFile(path)
+    """Yield `(input_ids [T] int32, loss_mask [T] bool)` flattened over each row group of a shard; refuses a
+    shard that cannot be read (`eyas.files.reading`)."""
+    parquet = _parquet(path)
     for group in range(parquet.num_row_groups):
-        table = parquet.read_row_group(group, columns=["input_ids", "loss_mask"])
+        with reading(path):
+            table = parquet.read_row_group(group, columns=["input_ids", "loss_mask"])
         ids = table.column("input_ids").combine_chunks().flatten().to_numpy()
         mask = table.column("loss_mask").combine_chunks().flatten().to_numpy(zero_copy_only=False)
         yield ids, mask
@@ -130,6 +144,18 @@ def count_loss_tokens(dataset_dir: Path, data_files: list[str], vocab_size: int)
 def read_manifest(dataset_dir: Path) -> DatasetManifest:
     """Return the manifest of a finished dataset; refuses a missing or unreadable one."""
     return DatasetManifest.read(dataset_dir, "eyas dataset", "eyas prepare")
+
+
+def no_samples_problem(dataset_dir: Path, manifest: DatasetManifest) -> str | None:
+    """Return why the dataset gives nothing to extract or train on (no row: no record carried a loss token), or
+    None when it has rows. Prompt-only records are for `eyas regenerate` (and `eyas eval`), which answer them."""
+    if manifest.counts.get("rows", 0) > 0:
+        return None
+    prompts = manifest.counts.get("prompts", 0)
+    remedy = (f"its {prompts} record(s) are prompts only, for `eyas regenerate` and `eyas eval`: have the target "
+              f"answer them (eyas regenerate --prompts {dataset_dir} --target MODEL --out DIR), then prepare "
+              "DIR/conversations.jsonl" if prompts else "prepare conversations that have assistant turns")
+    return f"{dataset_dir}: holds no samples (no record carrying a loss token); {remedy}"
 
 
 def read_progress(dataset_dir: Path) -> Progress | None:
@@ -153,7 +179,7 @@ class DatasetReader:
         missing = [str(p) for p in self.files if not p.is_file()]
         if missing:
             raise EyasError(f"{missing[0]}: listed in {dataset_dir / MANIFEST} but missing")
-        counts = [pq.ParquetFile(p).metadata.num_rows for p in self.files]
+        counts = [_parquet(p).metadata.num_rows for p in self.files]
         self.starts = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)  # [files+1]
         self._cached: tuple[int, pa.Table] | None = None
 
@@ -162,12 +188,12 @@ class DatasetReader:
 
     def lengths(self) -> np.ndarray:
         """Return `[S] int64`: the token count of every sample, read from the list offsets only."""
-        parts = [pq.read_table(p, columns=["input_ids"]).column("input_ids").combine_chunks() for p in self.files]
+        parts = [_read_columns(p, ["input_ids"]).column("input_ids").combine_chunks() for p in self.files]
         return np.concatenate([np.diff(c.offsets.to_numpy()) for c in parts] or [np.zeros(0)]).astype(np.int64)
 
     def _table(self, file_index: int) -> pa.Table:
         if self._cached is None or self._cached[0] != file_index:
-            self._cached = (file_index, pq.read_table(self.files[file_index], columns=["input_ids", "loss_mask"]))
+            self._cached = (file_index, _read_columns(self.files[file_index], ["input_ids", "loss_mask"]))
         return self._cached[1]
 
     def row(self, index: int) -> tuple[np.ndarray, np.ndarray]:

@@ -17,7 +17,7 @@ from safetensors import safe_open
 from safetensors.numpy import save_file
 
 from eyas.errors import EyasError
-from eyas.files import write_atomic
+from eyas.files import reading, write_atomic
 
 CACHE_DIR = "vocab-cache"
 METADATA_KEY = "eyas.draft_vocab"
@@ -73,8 +73,9 @@ def save_draft_vocab(path: Path, vocab: DraftVocab, dataset_fingerprint: str) ->
 
 
 def load_draft_vocab(path: Path, dataset_fingerprint: str | None = None) -> DraftVocab:
-    """Return the vocabulary in `path`; refuses one made for another dataset when a fingerprint is given."""
-    with safe_open(str(path), framework="numpy") as handle:
+    """Return the vocabulary in `path`; refuses a file that cannot be read (missing, truncated, no `d2t`/`t2d`:
+    `eyas.files.reading`) and one made for another dataset when a fingerprint is given."""
+    with reading(path), safe_open(str(path), framework="numpy") as handle:
         info = json.loads((handle.metadata() or {}).get(METADATA_KEY, "{}"))
         if dataset_fingerprint is not None and info.get("dataset_fingerprint") != dataset_fingerprint:
             raise EyasError(f"{path}: dataset_fingerprint: made for another dataset ({info.get('dataset_fingerprint')})")

@@ -125,11 +125,13 @@ def _fingerprint_problems(trained_for: TargetFingerprint | None, fingerprint: Ta
     return [f"target: trained for fingerprint {trained_for.id[:12]}, this target is {fingerprint.id[:12]} ({which} differ)"]
 
 
-def target_problems(config: DraftConfig, fingerprint: TargetFingerprint | None, target_config: Any) -> list[str]:
+def target_problems(config: DraftConfig, fingerprint: TargetFingerprint | None, target_config: Any,
+                    layer_ids: bool = True) -> list[str]:
     """Return why a draft cannot run with a target (empty when it can), one line each: another
     fingerprint (when both the draft and `fingerprint` name one), a hidden size or vocabulary size
-    other than the target's, or aux layer ids the target cannot give (`eyas.models.layers`). Needs
-    no weights."""
+    other than the target's, or (with `layer_ids`) aux layer ids the target cannot give
+    (`eyas.models.layers`; `eyas check-draft` checks them in the engine's convention itself). Needs
+    no weights. `eyas eval`, `eyas check-draft`, `eyas import --target` and warm starts all check here."""
     text = getattr(target_config, "text_config", None) or target_config
     hidden, layers, vocab = int(text.hidden_size), int(text.num_hidden_layers), int(text.vocab_size)
     problems = _fingerprint_problems(config.target, fingerprint)
@@ -139,7 +141,7 @@ def target_problems(config: DraftConfig, fingerprint: TargetFingerprint | None, 
         problems.append(f"hidden_size: {config.hidden_size}, the target's (whose embedding the draft reads) is {hidden}")
     if config.vocab_size != vocab:
         problems.append(f"vocab_size: {config.vocab_size}, the target's vocabulary has {vocab} tokens")
-    id_problems = layer_id_problems(config.aux_layer_ids, config.layer_convention, layers)
+    id_problems = layer_id_problems(config.aux_layer_ids, config.layer_convention, layers) if layer_ids else []
     if id_problems:
         problems.append(f"aux_layer_ids: {config.aux_layer_ids}, the target has {layers} layers: "
                         + "; ".join(id_problems))

@@ -14,6 +14,7 @@ buffers saved with the weights. Norms, MLP and rotary embedding are transformers
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -24,7 +25,7 @@ from torch import nn
 from eyas.draft.attention import TTTAttention
 from eyas.draft.config import CONFIG_FILE, WEIGHTS_FILE, DraftConfig, read_draft_config
 from eyas.errors import EyasError
-from eyas.files import write_atomic, write_json_atomic
+from eyas.files import reading, write_atomic, write_json_atomic
 
 FROZEN = ("embed_tokens.weight",)
 
@@ -163,22 +164,44 @@ def write_draft(config: DraftConfig, tensors: dict[str, torch.Tensor], out: Path
     write_json_atomic(out / CONFIG_FILE, config.model_dump(mode="json"))
 
 
+NAMED_NON_FINITE = 3  # tensors named one by one in `non_finite_problems`; the rest are counted
+
+
+def non_finite_problems(tensors: Mapping[str, torch.Tensor]) -> list[str]:
+    """Return what holds a NaN or an infinity among the floating-point `tensors` (empty: every value is finite):
+    one problem per tensor, counting its values, for the first few, then one counting the rest. The one check
+    of a draft's weights wherever one is read (`load_draft`, and `eyas import` / `eyas check-draft` through
+    `eyas.export.reader.tensor_problems`)."""
+    counts = {name: (int((~torch.isfinite(t)).sum()), t.numel()) for name, t in tensors.items() if t.is_floating_point()}
+    bad = [(name, count, total) for name, (count, total) in counts.items() if count]
+    problems = [f"{name}: {count} of {total} values are NaN or Inf" for name, count, total in bad[:NAMED_NON_FINITE]]
+    if len(bad) > NAMED_NON_FINITE:
+        rest = bad[NAMED_NON_FINITE:]
+        problems.append(f"{len(rest)} more tensors hold NaN or Inf ({sum(c for _, c, _ in rest)} of "
+                        f"{sum(t for _, _, t in rest)} values)")
+    return problems
+
+
 def load_draft(draft_dir: Path, embed_weight: torch.Tensor | None = None) -> Eagle3Draft:
     """Return the draft saved in `draft_dir`, with the target's embedding `[V, H]` when given.
 
-    Refuses weights whose names or shapes do not match the config, naming each.
+    Refuses, in one line naming the weights file: a file that cannot be read (missing, truncated:
+    `eyas.files.reading`), and weights whose names or shapes do not match the config or that hold
+    NaN or Inf (`non_finite_problems`), naming each tensor.
     """
     config = read_draft_config(draft_dir)
     draft = Eagle3Draft(config)
     path = draft_dir / WEIGHTS_FILE
     if not path.is_file():
         raise EyasError(f"{path}: not found")
-    tensors = load_file(str(path))
+    with reading(path):
+        tensors = load_file(str(path))
     expected = draft.trainable_state()
     problems = [f"{name}: missing" for name in expected if name not in tensors]
     problems += [f"{name}: unexpected tensor" for name in tensors if name not in expected]
     problems += [f"{name}: shape {list(tensors[name].shape)}, config implies {list(t.shape)}"
                  for name, t in expected.items() if name in tensors and tensors[name].shape != t.shape]
+    problems += non_finite_problems(tensors)
     if problems:
         raise EyasError(f"{path}: " + "; ".join(problems))
     draft.load_state_dict(tensors, strict=False)

@@ -33,11 +33,28 @@ def trained_for(published: Published) -> tuple[TargetFingerprint | None, list[st
         return None, ["eyas.models: not a target fingerprint (an eyas export records one)"]
 
 
+def _ids_as_read(published: Published, convention: Convention, num_layers: int) -> tuple[list[int] | None, list[str]]:
+    """Return the aux layer ids (input convention) as an engine counting in `convention` reads them from the files,
+    and what is wrong with them for a `num_layers`-layer target (empty: nothing). Ids out of range for the target
+    still come back, so that the rest of the draft is checked too; None when the ids cannot be read at all."""
+    try:
+        return resolve_ids(published, convention, num_layers), []
+    except EyasError as error:
+        problems = [str(error)]
+    try:
+        return resolve_ids(published, convention, None), problems
+    except EyasError:
+        return None, problems
+
+
 def check_draft(path: Path, target: Path, engine: Engine, trust_remote_code: bool = False) -> list[str]:
     """Return every problem of the draft in `path` for serving with `target` on `engine` (empty: none).
 
     The layer ids are read in the engine's convention, as the engine will read them (EAGLE-3's
-    defaults when the files give none), and checked as `eyas.models.layers` checks every id list.
+    defaults when the files give none), and checked as `eyas.models.layers` checks every id list;
+    the draft is checked against the target as `eyas eval` checks it (`target_problems`). Refuses
+    (raises) only a directory that holds no readable EAGLE-3 draft: config or weights missing or
+    unreadable.
     """
     convention: Convention = CONVENTION_OF[engine]
     published = read_published(path)
@@ -50,8 +67,11 @@ def check_draft(path: Path, target: Path, engine: Engine, trust_remote_code: boo
     if published.convention is not None and published.convention != convention:
         problems.append(f"eagle_aux_hidden_state_layer_ids: written for the {published.convention} convention, {engine} "
                         f"reads the {convention} convention (one layer off; re-export with --format {engine})")
+    ids, id_problems = _ids_as_read(replace(published, convention=None), convention, num_layers_of(target_config))
+    problems += id_problems
+    if ids is None or published.problems:  # no config to check the weights and the target against
+        return problems
     try:
-        ids = resolve_ids(replace(published, convention=None), convention, num_layers_of(target_config))
         config = checked_config(published, ids, recorded)
     except EyasError as error:
         return [*problems, str(error)]
@@ -63,4 +83,4 @@ def check_draft(path: Path, target: Path, engine: Engine, trust_remote_code: boo
     if engine == "sglang":
         problems = [p + " (SGLang skips unknown tensors silently)" if p.endswith("unexpected tensor") else p
                     for p in problems]
-    return problems + target_problems(config, fingerprint, target_config)
+    return problems + target_problems(config, fingerprint, target_config, layer_ids=False)  # ids: checked above

@@ -32,12 +32,18 @@ def num_layers_of(target_config: Any) -> int:
 
 
 def checked_config(published: Published, aux_ids: list[int], fingerprint: TargetFingerprint | None) -> DraftConfig:
-    """Return eyas's config of the published draft; refuses config values eyas cannot build a draft from."""
+    """Return eyas's config of the published draft; refuses, in one line naming each field once, the draft's
+    field problems (`eyas.export.reader.field_problems`) or else the values eyas cannot build a draft from
+    (out of range: those the config gives, not the sizes derived from them)."""
+    if published.problems:
+        raise EyasError("; ".join(published.problems))
     try:
         return draft_config_of(published, aux_ids, fingerprint)
     except ValidationError as exc:
-        error = exc.errors()[0]
-        raise EyasError(f"{published.path / CONFIG_FILE}: {'.'.join(map(str, error['loc']))}: {error['msg']}") from None
+        given = {**published.config, **published.layer}
+        errors = [error for error in exc.errors() if error["loc"][0] in given] or exc.errors()
+        raise EyasError("; ".join(f"{published.path / CONFIG_FILE}: {'.'.join(map(str, error['loc']))}: {error['msg']}"
+                                  for error in errors)) from None
 
 
 def eyas_tensors(published: Published, config: DraftConfig) -> dict[str, torch.Tensor]:
@@ -65,7 +71,7 @@ def import_draft(config: ImportConfig) -> DraftConfig:
     aux_ids = resolve_ids(published, config.layer_convention,
                           num_layers_of(target_config) if target_config is not None else None)
     draft_config = checked_config(published, aux_ids, fingerprint)
-    problems = published.problems + tensor_problems(published, draft_config)
+    problems = tensor_problems(published, draft_config)
     if target_config is not None:
         problems += target_problems(draft_config, None, target_config)  # the fingerprint is this very target's
     if problems:

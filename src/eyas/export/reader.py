@@ -7,6 +7,8 @@ once. The target is needed only to resolve default layer ids and to check agains
 
 from __future__ import annotations
 
+import json
+import pickle
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -15,18 +17,23 @@ import torch
 from safetensors.torch import load_file
 
 from eyas.draft.config import CONFIG_FILE, DraftConfig
-from eyas.errors import EyasError
+from eyas.draft.model import Eagle3Draft, non_finite_problems
+from eyas.errors import EyasError, UnreadableInput
 from eyas.export.formats import HF_ARCHITECTURE, SPECULATORS_ARCHITECTURES, eyas_name
-from eyas.files import read_json_object
+from eyas.files import read_json_object, reading
 from eyas.models.fingerprint import TargetFingerprint
 from eyas.models.layers import Convention, default_aux_layers, to_input_convention
 
-LAYER_KEYS = ("hidden_size", "intermediate_size", "num_attention_heads", "vocab_size")
+LAYER_KEYS = ("hidden_size", "intermediate_size", "num_attention_heads", "vocab_size")  # required integers
+OPTIONAL_INTEGERS = ("num_key_value_heads", "head_dim", "num_hidden_layers", "max_position_embeddings")
+OPTIONAL_NUMBERS = ("rms_norm_eps", "rope_theta")
+TOP_INTEGERS = ("target_hidden_size", "draft_vocab_size")  # at the top of config.json in every format
 
 
 @dataclass
 class Published:
-    """A published draft as read: its format, config, layer keys, tensors under eyas's names, and what is wrong."""
+    """A published draft as read: its format, config, layer keys, tensors under eyas's names, and the config
+    fields eyas cannot use (`field_problems`: no config can be built while there are any)."""
 
     path: Path
     kind: str  # "eagle3-hf" or "speculators"
@@ -44,20 +51,32 @@ def _weight_files(path: Path) -> list[Path]:
 
 
 def _load_tensors(path: Path) -> dict[str, torch.Tensor]:
-    """Return every tensor of the checkpoint (safetensors; `.bin` through torch's weights-only loader, no code runs)."""
+    """Return every tensor of the checkpoint (safetensors; `.bin` through torch's weights-only loader, no code runs);
+    refuses a weights file that cannot be read (missing, truncated), in one line naming it."""
     files = _weight_files(path)
     if not files:
         raise EyasError(f"{path}: no *.safetensors or pytorch_model*.bin weights")
     tensors: dict[str, torch.Tensor] = {}
     for file in files:
-        if file.suffix == ".safetensors":
-            tensors.update(load_file(str(file)))
-        else:
-            loaded = torch.load(file, map_location="cpu", weights_only=True)
-            if not isinstance(loaded, dict):
-                raise EyasError(f"{file}: expected a state dict")
-            tensors.update(loaded)
+        with reading(file):
+            loaded = load_file(str(file)) if file.suffix == ".safetensors" else _load_bin(file)
+        if not isinstance(loaded, dict):
+            raise EyasError(f"{file}: expected a state dict")
+        tensors.update(loaded)
     return tensors
+
+
+def _load_bin(file: Path) -> object:
+    """Return what a `pytorch_model*.bin` holds, through torch's weights-only loader; refuses a file torch cannot
+    unpickle (truncated, not a checkpoint, or needing code to load) in one line naming it."""
+    try:
+        return torch.load(file, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError:
+        raise UnreadableInput(file, "not a checkpoint of plain tensors (torch's weights-only loader refused it; eyas "
+                                    "runs no code from a checkpoint)") from None
+    except (RuntimeError, EOFError) as error:
+        reason = str(error).split(". ")[0] or type(error).__name__
+        raise UnreadableInput(file, f"not a readable PyTorch checkpoint ({reason})") from None
 
 
 def read_published(path: Path) -> Published:
@@ -82,7 +101,7 @@ def read_published(path: Path) -> Published:
     if ids is not None and not (isinstance(ids, list) and all(type(i) is int for i in ids)):
         raise EyasError(f"{config_path}: eagle_aux_hidden_state_layer_ids: {ids!r} is no list of integers")
     published = Published(path, kind, config, layer, {}, list(ids) if ids else None, convention)
-    published.problems += [f"{config_path}: {key}: missing" for key in LAYER_KEYS if not isinstance(layer.get(key), int)]
+    published.problems += field_problems(config_path, config, layer)
     for name, tensor in _load_tensors(path).items():
         mapped = eyas_name(name)
         if mapped is not None:
@@ -90,34 +109,52 @@ def read_published(path: Path) -> Published:
     return published
 
 
+def _type_problem(value: Any, integer: bool) -> str | None:
+    """Return why a config value is not an integer (`integer`) or a number, as JSON spells it (None: it is)."""
+    if type(value) is int or (not integer and type(value) is float):
+        return None
+    return f"expected {'an integer' if integer else 'a number'}, got {json.dumps(value)}"
+
+
+def field_problems(config_path: Path, config: dict[str, Any], layer: dict[str, Any]) -> list[str]:
+    """Return one problem per size or hyperparameter eyas reads from a published config that it cannot use:
+    a required integer (`LAYER_KEYS`) missing, or any of them, given, of another type (`"64"` for 64).
+    Values of the right type that are out of range are `checked_config`'s to refuse."""
+    problems = [f"{config_path}: {key}: missing" for key in LAYER_KEYS if layer.get(key) is None]
+    given = [(key, layer, True) for key in (*LAYER_KEYS, *OPTIONAL_INTEGERS)]
+    given += [(key, layer, False) for key in OPTIONAL_NUMBERS] + [(key, config, True) for key in TOP_INTEGERS]
+    for key, source, integer in given:
+        if source.get(key) is not None and (problem := _type_problem(source[key], integer)):
+            problems.append(f"{config_path}: {key}: {problem}")
+    return problems
+
+
 def draft_config_of(published: Published, aux_ids: list[int], target: TargetFingerprint | None) -> DraftConfig:
-    """Return eyas's config for the published draft with `aux_ids` (input convention)."""
+    """Return eyas's config for the published draft with `aux_ids` (input convention); raises pydantic's
+    `ValidationError` for values out of range. Only for a draft without `field_problems`."""
     from eyas import __version__
 
     layer, config = published.layer, published.config
-    hidden = int(layer.get("hidden_size") or 0)
-    heads = int(layer.get("num_attention_heads") or 1)
+    hidden, heads = layer["hidden_size"], layer["num_attention_heads"]
     scaling = layer.get("rope_scaling")
     values = {
-        "hidden_size": hidden, "target_hidden_size": int(config.get("target_hidden_size") or hidden),
-        "intermediate_size": int(layer.get("intermediate_size") or 0), "num_attention_heads": heads,
-        "num_key_value_heads": int(layer.get("num_key_value_heads") or heads),
-        "head_dim": int(layer.get("head_dim") or hidden // heads),
-        "num_hidden_layers": int(layer.get("num_hidden_layers") or 1), "rms_norm_eps": float(layer.get("rms_norm_eps") or 1e-6),
+        "hidden_size": hidden, "target_hidden_size": config.get("target_hidden_size") or hidden,
+        "intermediate_size": layer["intermediate_size"], "num_attention_heads": heads,
+        "num_key_value_heads": layer.get("num_key_value_heads") or heads,
+        "head_dim": layer.get("head_dim") or hidden // max(heads, 1),
+        "num_hidden_layers": layer.get("num_hidden_layers") or 1, "rms_norm_eps": float(layer.get("rms_norm_eps") or 1e-6),
         "rope_theta": float(layer.get("rope_theta") or (scaling or {}).get("rope_theta") or 10000.0),
         "rope_scaling": {k: v for k, v in scaling.items() if k != "rope_theta"} if isinstance(scaling, dict)
         and scaling.get("rope_type", scaling.get("type", "default")) != "default" else None,
-        "max_position_embeddings": int(layer.get("max_position_embeddings") or 4096),
-        "vocab_size": int(layer.get("vocab_size") or 0),
-        "draft_vocab_size": int(config.get("draft_vocab_size") or layer.get("vocab_size") or 0),
+        "max_position_embeddings": layer.get("max_position_embeddings") or 4096,
+        "vocab_size": layer["vocab_size"],
+        "draft_vocab_size": config.get("draft_vocab_size") or layer["vocab_size"],
         "aux_layer_ids": aux_ids, "target": target, "eyas_version": __version__,
     }
     return DraftConfig.model_validate(values)
 
 
 def _expected_shapes(config: DraftConfig) -> dict[str, tuple[int, ...]]:
-    from eyas.draft.model import Eagle3Draft
-
     with torch.device("meta"):
         return {name: tuple(t.shape) for name, t in Eagle3Draft(config).trainable_state().items()}
 
@@ -141,7 +178,8 @@ def vocab_problems(d2t: torch.Tensor, t2d: torch.Tensor | None, vocab: int) -> l
 
 
 def tensor_problems(published: Published, config: DraftConfig) -> list[str]:
-    """Return missing, unexpected and misshaped tensors and vocabulary-mapping problems."""
+    """Return missing, unexpected and misshaped tensors, vocabulary-mapping problems and tensors holding NaN or
+    Inf (`eyas.draft.model.non_finite_problems`)."""
     expected = _expected_shapes(config)
     tensors = published.tensors
     problems = []
@@ -157,7 +195,7 @@ def tensor_problems(published: Published, config: DraftConfig) -> list[str]:
     elif config.draft_vocab_size != config.vocab_size:
         problems.append(f"d2t: missing, and the draft vocabulary ({config.draft_vocab_size}) is not the target's "
                         f"({config.vocab_size})")
-    return problems
+    return problems + non_finite_problems(tensors)
 
 
 def _ids_field(published: Published) -> str:

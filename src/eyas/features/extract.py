@@ -193,6 +193,7 @@ def run_extract(config: ExtractConfig, plan: ExtractPlan | None = None) -> tuple
     plan = plan or preflight_extract(config, checks=config.preflight)
     if not plan.ok:
         raise ChecksFailed(f"preflight found {len(plan.problems)} problem(s): " + " | ".join(plan.problems))
+    reader = DatasetReader(config.data)  # refuses a shard that cannot be read before anything is claimed
     init_distributed(ranks, plan.device)
     device = rank_device(ranks, plan.device)
     run_key = EXTRACT.claim(config, _identities(plan), (precision.note("dtype"),), primary=ranks.rank == 0).key
@@ -202,7 +203,6 @@ def run_extract(config: ExtractConfig, plan: ExtractPlan | None = None) -> tuple
     if (config.out / store.MANIFEST).is_file():  # claimed: a manifest left in place is this very run's
         return store.read_store_manifest(config.out), True
 
-    reader = DatasetReader(config.data)
     spans = plan_shards(reader.lengths(), config.shard_tokens)
     progress_path = config.out / _PROGRESS.format(rank=ranks.rank)
     progress = (_RankProgress.model_validate_json(progress_path.read_text(encoding="utf-8"))

@@ -19,7 +19,7 @@ import torch
 
 from eyas.audit.contract import engine_api_problems
 from eyas.config import ExtractConfig
-from eyas.data.dataset import DatasetManifest, read_manifest
+from eyas.data.dataset import DatasetManifest, no_samples_problem, read_manifest
 from eyas.errors import EyasError
 from eyas.features.store import bytes_per_token
 from eyas.models.capture import FeatureCapture, teacher_logits
@@ -140,16 +140,13 @@ def preflight_extract(config: ExtractConfig, checks: bool = True) -> ExtractPlan
     target fingerprint, layer ids): no engine API audit, backend checks, meta dry run or disk check.
     """
     plan = ExtractPlan()
+    plan.device = resolve_device(config.device)  # a bad name (exit 2) or a device this machine lacks (exit 3) ends it
     if checks:
         engine_problems, engine_facts = engine_api_problems()
         plan.problems += engine_problems
         plan.facts.update(engine_facts)
         if config.backend == "vllm":
             _vllm_checks(config, plan)
-    try:
-        plan.device = resolve_device(config.device)
-    except EyasError as error:
-        plan.problems.append(str(error))
     try:
         plan.dataset = read_manifest(config.data)
     except EyasError as error:
@@ -165,6 +162,8 @@ def preflight_extract(config: ExtractConfig, checks: bool = True) -> ExtractPlan
             f"{config.data / 'manifest.json'}: target: the dataset was prepared for another tokenizer or chat template "
             f"({plan.dataset.target_path}); rerun `eyas prepare --target {config.target}`"
         )
+    if plan.dataset and (empty := no_samples_problem(config.data, plan.dataset)):
+        plan.problems.append(empty)
     if plan.hf_config is not None:
         plan.num_layers = int(plan.hf_config.num_hidden_layers)
         plan.hidden_size = int(plan.hf_config.hidden_size)

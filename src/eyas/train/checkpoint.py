@@ -21,7 +21,7 @@ from safetensors.torch import load_file, save_file
 from eyas.draft.config import DraftConfig
 from eyas.draft.model import Eagle3Draft, load_draft, write_draft
 from eyas.errors import EyasError
-from eyas.files import write_atomic, write_json_atomic, writing
+from eyas.files import reading, write_atomic, write_json_atomic, writing
 from eyas.train.sharding import full_tensor, like
 
 CHECKPOINTS = "checkpoints"
@@ -101,7 +101,8 @@ def load_checkpoint(path: Path, draft: Eagle3Draft, optimizer: torch.optim.Optim
         for name, tensor in draft.state_dict(keep_vars=True).items():
             if name in saved:
                 tensor.copy_(like(tensor, saved[name]))
-    tensors = load_file(str(path / "optimizer.safetensors"))
+    with reading(path / "optimizer.safetensors"):
+        tensors = load_file(str(path / "optimizer.safetensors"))
     by_name = dict(draft.named_parameters())
     for key, value in tensors.items():
         name, _, slot = key.rpartition("/")
@@ -109,7 +110,8 @@ def load_checkpoint(path: Path, draft: Eagle3Draft, optimizer: torch.optim.Optim
             raise EyasError(f"{path / 'optimizer.safetensors'}: {key}: no such draft parameter")
         param = by_name[name]
         optimizer.state[param][slot] = like(param, value) if slot != "step" else value
-    rng = load_file(str(path / "rng.safetensors"))
+    with reading(path / "rng.safetensors"):
+        rng = load_file(str(path / "rng.safetensors"))
     torch.set_rng_state(rng["cpu"])
     if torch.cuda.is_available():
         torch.cuda.set_rng_state_all([rng[k] for k in sorted(rng) if k.startswith("cuda")])

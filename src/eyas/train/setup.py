@@ -15,7 +15,8 @@ from eyas.data import dataset as ds
 from eyas.data.vocab import DraftVocab, cached_draft_vocab, check_draft_vocab_size, load_draft_vocab
 from eyas.draft.config import DraftConfig, draft_config_for_target, read_draft_config, target_problems
 from eyas.errors import EyasError
-from eyas.features.store import MANIFEST, StoreManifest, read_store_manifest
+from eyas.features.store import MANIFEST, StoreManifest, open_store, read_store_manifest
+from eyas.files import reading
 from eyas.models.fingerprint import TargetFingerprint, target_fingerprint
 from eyas.models.layers import check_layer_ids, default_aux_layers, to_input_convention
 from eyas.models.load import load_config
@@ -64,7 +65,9 @@ def _dataset_vocab(dataset_dir: Path, manifest: ds.DatasetManifest, size: int | 
     """
     if manifest.vocab is not None and size in (None, manifest.vocab.size):
         return load_draft_vocab(dataset_dir / manifest.vocab.file, manifest.fingerprint)
-    counts = load_file(str(dataset_dir / manifest.token_counts_file))["counts"]
+    counts_path = dataset_dir / manifest.token_counts_file
+    with reading(counts_path):
+        counts = load_file(str(counts_path))["counts"]
     size = check_draft_vocab_size(size, len(counts)) if size is not None else min(DEFAULT_DRAFT_VOCAB, len(counts))
     return cached_draft_vocab(dataset_dir, manifest.fingerprint, counts, size)[0]
 
@@ -75,7 +78,7 @@ def _warm_start_vocab(init: Path, dataset_dir: Path, manifest: ds.DatasetManifes
 
     from eyas.draft.config import WEIGHTS_FILE
 
-    with safe_open(str(init / WEIGHTS_FILE), framework="numpy") as handle:
+    with reading(init / WEIGHTS_FILE), safe_open(str(init / WEIGHTS_FILE), framework="numpy") as handle:
         d2t, t2d = handle.get_tensor("d2t"), handle.get_tensor("t2d")
     if manifest.vocab is not None:
         mine = load_draft_vocab(dataset_dir / manifest.vocab.file, manifest.fingerprint)
@@ -118,7 +121,10 @@ def resolve_train(config: TrainConfig) -> TrainSetup:
     """Return the run's setup; refuses, before any weight is read, inputs that do not belong together."""
     if config.features is None and config.data is None:
         raise EyasError("train: give --features STORE_DIR (offline) or --data DATASET_DIR (online)")
-    store = read_store_manifest(config.features) if config.features is not None else None
+    store = None
+    if config.features is not None:
+        store = read_store_manifest(config.features)
+        open_store(config.features, store)  # sizes, sample ids, checksums: before anything is claimed
     target = config.target or (Path(store.target_path) if store else None)
     if target is None:
         raise EyasError("target: required for online training (--target)")
@@ -126,6 +132,8 @@ def resolve_train(config: TrainConfig) -> TrainSetup:
         raise EyasError(f"{target}: target not found (--target)")
     dataset_dir = config.data or Path(store.dataset_path)  # type: ignore[union-attr]
     manifest = ds.read_manifest(dataset_dir)
+    if store is None and (empty := ds.no_samples_problem(dataset_dir, manifest)):
+        raise EyasError(empty)
     if store is not None and manifest.fingerprint != store.dataset_fingerprint:
         raise EyasError(f"{dataset_dir / ds.MANIFEST}: fingerprint: not the dataset the store in {config.features} "
                         "was extracted from")

@@ -14,7 +14,7 @@ import torch
 
 from eyas.data.dataset import DatasetReader
 from eyas.features.extract import sample_features
-from eyas.features.store import FeatureShard, StoreManifest
+from eyas.features.store import StoreManifest, open_store
 from eyas.models.capture import FeatureCapture
 
 Sample = dict[str, torch.Tensor]
@@ -34,7 +34,9 @@ class StoreSource:
     """Samples of a finished feature store, read through memory-mapped shards (features in float32)."""
 
     def __init__(self, store_dir: Path, manifest: StoreManifest) -> None:
-        self.shards = [FeatureShard(store_dir / info.file) for info in manifest.shards]
+        """Open every shard; refuses what `open_store` refuses but the checksums, which `resolve_train` compares
+        once per run before the run is claimed."""
+        self.shards = open_store(store_dir, manifest, checksums=False)
         counts = np.array([len(shard) for shard in self.shards])
         self._shard_of = np.repeat(np.arange(len(self.shards)), counts)  # [S] shard of each sample
         self._first = np.concatenate([[0], counts.cumsum()[:-1]])  # [shards] first sample of each shard
