@@ -47,6 +47,20 @@ def one_line(err: str) -> str:
     return err
 
 
+def assert_one_bad_record(run_cli, target: Path, data: Path, root: Path, message: str, reason: str) -> dict:
+    """Prepare `data` (GOOD[0], a bad line 2, GOOD[1]) twice: without --skip-invalid it stops with the one
+    line `FILE:2: message`; with it, the two good records are kept and the bad one counted under `reason`.
+    Return the second dataset's manifest."""
+    stopped = prepare(run_cli, target, data, root / "a")
+    assert stopped.code == 2
+    assert one_line(stopped.err) == f"eyas: error: {data}:2: {message}\n"
+    skipped = prepare(run_cli, target, data, root / "b", "--skip-invalid")
+    assert skipped.code == 0, skipped.err
+    found = manifest(root / "b")
+    assert found["counts"]["rows"] == 2 and found["skipped"] == {reason: 1}
+    return found
+
+
 def test_a_symlinked_sub_directory_is_read_and_a_loop_refused(tiny_targets, run_cli, tmp_path: Path) -> None:
     data, other = tmp_path / "d", tmp_path / "other"
     write_jsonl(data / "real" / "a.jsonl", GOOD[:2])
@@ -78,13 +92,8 @@ def test_a_symlinked_sub_directory_is_read_and_a_loop_refused(tiny_targets, run_
 
 def test_a_line_that_is_not_utf8_is_one_bad_record(tiny_targets, run_cli, tmp_path: Path) -> None:
     data = with_bad_line(tmp_path / "latin1.jsonl", LATIN1_LINE)
-    stopped = prepare(run_cli, tiny_targets["chatml"], data, tmp_path / "a")
-    assert stopped.code == 2
-    assert one_line(stopped.err) == f"eyas: error: {data}:2: json: not UTF-8 text (byte 0xe9 at column 47)\n"
-    skipped = prepare(run_cli, tiny_targets["chatml"], data, tmp_path / "b", "--skip-invalid")
-    assert skipped.code == 0, skipped.err
-    found = manifest(tmp_path / "b")
-    assert found["counts"]["rows"] == 2 and found["skipped"] == {"not UTF-8": 1}
+    found = assert_one_bad_record(run_cli, tiny_targets["chatml"], data, tmp_path,
+                                  "json: not UTF-8 text (byte 0xe9 at column 47)", "not UTF-8")
     assert found["skipped_examples"] == [f"{data}:2: json: not UTF-8 text (byte 0xe9 at column 47)"]
 
 
@@ -111,14 +120,8 @@ def test_a_json_document_that_is_not_utf8_is_refused_in_one_line(tiny_targets, r
 def test_a_lone_surrogate_is_a_bad_record_naming_its_field(tiny_targets, run_cli, tmp_path: Path, record: dict,
                                                            field: str, escaped: str) -> None:
     data = with_bad_line(tmp_path / "in.jsonl", json.dumps(record).encode())  # the surrogate as its JSON escape
-    stopped = prepare(run_cli, tiny_targets["chatml"], data, tmp_path / "a")
-    assert stopped.code == 2
-    assert one_line(stopped.err) == (f"eyas: error: {data}:2: {field}: holds a lone surrogate ({escaped}), "
-                                     "not valid Unicode text\n")
-    skipped = prepare(run_cli, tiny_targets["chatml"], data, tmp_path / "b", "--skip-invalid")
-    assert skipped.code == 0, skipped.err
-    found = manifest(tmp_path / "b")
-    assert found["counts"]["rows"] == 2 and found["skipped"] == {"lone surrogate": 1}
+    assert_one_bad_record(run_cli, tiny_targets["chatml"], data, tmp_path,
+                          f"{field}: holds a lone surrogate ({escaped}), not valid Unicode text", "lone surrogate")
 
 
 @pytest.mark.parametrize(("line", "problem", "reason"), [
@@ -128,13 +131,7 @@ def test_a_lone_surrogate_is_a_bad_record_naming_its_field(tiny_targets, run_cli
 def test_a_line_python_cannot_parse_is_a_bad_record(tiny_targets, run_cli, tmp_path: Path, line: str, problem: str,
                                                     reason: str) -> None:
     data = with_bad_line(tmp_path / "in.jsonl", line.encode())
-    stopped = prepare(run_cli, tiny_targets["chatml"], data, tmp_path / "a")
-    assert stopped.code == 2
-    assert one_line(stopped.err) == f"eyas: error: {data}:2: {problem}\n"
-    skipped = prepare(run_cli, tiny_targets["chatml"], data, tmp_path / "b", "--skip-invalid")
-    assert skipped.code == 0, skipped.err
-    found = manifest(tmp_path / "b")
-    assert found["counts"]["rows"] == 2 and found["skipped"] == {reason: 1}
+    assert_one_bad_record(run_cli, tiny_targets["chatml"], data, tmp_path, problem, reason)
 
 
 def test_a_json_element_python_cannot_parse_ends_the_files_records(tiny_targets, run_cli, tmp_path: Path) -> None:
