@@ -86,7 +86,10 @@ version, the Python version, the settings used and the 1-minute load average bef
 then per case one line comparing eyas with the best other tool (highest recall, then fewest false
 positives, then fastest): `recall_ratio` = eyas recall / best recall, `false_positive_ratio` = eyas
 false positives / best's (null when the best has none; both counts are given), `speedup` = best
-seconds / eyas seconds, and the same three against each other tool under `vs`.
+seconds / eyas seconds (best rounds) with `speedup_paired`, the median of per-round ratios (the tools take
+turns in each round) with its quartiles, range, pooled ratio, outliers and reliability
+(`eyas.decode.paired`; a single round is marked unreliable), and the same against each other tool under `vs`.
+Each tool's line lists its `round_seconds`.
 
 Run: `.venv/bin/python bench/audit.py` (flags: --cases fixture transformers, --tools eyas mypy
 pyright griffe, --repeat 1, --timeout 600, --tools-venv DIR, --eyas-cache DIR, --keep).
@@ -114,6 +117,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from eyas.decode.paired import paired_speedup
 from eyas.precision import machine_record
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -500,6 +504,15 @@ def ratio(a: float | None, b: float | None, digits: int = 3) -> float | None:
     return round(a / b, digits) if a is not None and b else None
 
 
+def paired_rounds(baseline: dict[str, Any], eyas: dict[str, Any]) -> dict[str, Any]:
+    """Return the paired speedup fields of eyas over `baseline` from their per-round seconds (rounds that
+    both ran; none when one failed a round)."""
+    if len(baseline["round_seconds"]) != len(eyas["round_seconds"]):
+        return {}
+    return paired_speedup([(1, s) for s in baseline["round_seconds"]], [(1, s) for s in eyas["round_seconds"]],
+                          steady_baseline=False, unit="rounds").fields("speedup_paired")
+
+
 def comparison(case: Case, rows: dict[str, dict[str, Any]]) -> dict[str, Any]:
     eyas = rows.get("eyas")
     others = {tool: row for tool, row in rows.items() if tool != "eyas" and "error" not in row}
@@ -511,7 +524,7 @@ def comparison(case: Case, rows: dict[str, dict[str, Any]]) -> dict[str, Any]:
     def against(row: dict[str, Any]) -> dict[str, Any]:
         return {"recall_ratio": ratio(eyas["recall"], row["recall"]),
                 "false_positive_ratio": ratio(eyas["false_positives"], row["false_positives"]),
-                "speedup": ratio(row["seconds"], eyas["seconds"], 2)}
+                "speedup": ratio(row["seconds"], eyas["seconds"], 2), **paired_rounds(row, eyas)}
 
     return {**line, "best_other": best, "eyas_recall": eyas["recall"], "best_recall": others[best]["recall"],
             "eyas_false_positives": eyas["false_positives"], "best_false_positives": others[best]["false_positives"],
@@ -628,7 +641,8 @@ def main() -> None:
                     row = {"error": failures.get(tool, "no run")}
                 else:
                     best = min(outcomes[tool], key=lambda o: o.seconds)
-                    row = {**score(case, best), "seconds": round(best.seconds, 3)}
+                    row = {**score(case, best), "seconds": round(best.seconds, 3),
+                           "round_seconds": [round(o.seconds, 6) for o in outcomes[tool]]}
                     if tool == "eyas":
                         row = {**row, "cold_seconds": round(cold, 3) if cold is not None else None,
                                **eyas_warning_fields(case, best)}

@@ -14,9 +14,16 @@ corpus. On that tiny target a forward costs about as much as the Python around i
 speedups say little about real models; its tau does say the decoder accepts what the draft gets right.
 
 Output: one JSON line per shape on stdout: `tau` (pooled: accepted + 1 per verification forward),
-`per_position_acceptance`, `tokens_per_s`, `baseline_tokens_per_s`, `speedup` (over the target
-alone), `prompt_lookup_tokens_per_s`, `prompt_lookup_speedup` and `vs_prompt_lookup` (speculative
-tokens/s over prompt lookup's), with the settings, and `overhead_ms_per_round`: wall time per
+`per_position_acceptance`, `tokens_per_s`, `baseline_tokens_per_s` and `prompt_lookup_tokens_per_s`
+(pooled: all tokens over all seconds), `speedup` (over the target alone), `prompt_lookup_speedup` and
+`vs_prompt_lookup` (speculative over prompt lookup). Every ratio is paired (`eyas.decode.paired`): the
+median over prompts of the per-prompt ratio, with `<ratio>_quartiles`, `<ratio>_range`,
+`<ratio>_pooled` (the old all-tokens-over-all-seconds ratio), `<ratio>_outliers` (prompts with a side
+over 3x its median seconds per token) and `<ratio>_reliable` (false, with `<ratio>_unreliable_because`,
+when stalls or a changing machine speed make the figure untrustworthy). Greedy: `same_as_baseline`,
+and `divergences` says how many differing outputs a rounding near-tie explains and how many it does not
+(`eyas.decode.divergence`; any unexplained one is a decoder bug). With the settings, and
+`overhead_ms_per_round`: wall time per
 verification round beyond the time spent inside target and draft forwards (the CPU loop: Python,
 masks, cache trimming, verification). `auto:K,L` is the cost-aware shape (draft chains <= K, lookup
 branches <= L; `auto:0,L` is eyas's prompt lookup without the draft), with the shapes it chose.
@@ -36,7 +43,9 @@ from pathlib import Path
 import torch
 
 from eyas.decode.decoder import Decoder
+from eyas.decode.divergence import first_divergence
 from eyas.decode.drafting import TreeShape
+from eyas.decode.paired import paired_speedup
 from eyas.decode.runners import DraftRunner, TargetRunner
 from eyas.data.prompts import eos_ids
 from eyas.decode.evaluate import prompt_lookup_generate
@@ -123,17 +132,15 @@ def main() -> None:
             decoder.generate(prompts[0], 8)
         prompt_lookup_generate(parts, prompts[0], 8, args.prompt_lookup, sampling, eos)
 
-        base = {"tokens": 0, "seconds": 0.0}
-        lookup = {"tokens": 0, "seconds": 0.0}
-        spec = [{"tokens": 0, "seconds": 0.0, "rounds": [], "same": 0, "overhead": 0.0, "drafted": [], "looked_up": [],
-                 "from_lookup": 0} for _ in shapes]
+        hidden = parts.lm_head.weight.shape[1]
+        base: list[tuple[int, float]] = []  # (new tokens, seconds) per prompt
+        lookup: list[tuple[int, float]] = []
+        spec = [{"timed": [], "rounds": [], "same": 0, "near_ties": 0, "unexplained": 0, "overhead": 0.0, "drafted": [],
+                 "looked_up": [], "from_lookup": 0} for _ in shapes]
         for number, prompt in enumerate(prompts, 1):
             reference = plain.generate(prompt, args.max_new_tokens)
-            base["tokens"] += len(reference.tokens)
-            base["seconds"] += reference.seconds
-            tokens, seconds = prompt_lookup_generate(parts, prompt, args.max_new_tokens, args.prompt_lookup, sampling, eos)
-            lookup["tokens"] += tokens
-            lookup["seconds"] += seconds
+            base.append((len(reference.tokens), reference.seconds))
+            lookup.append(prompt_lookup_generate(parts, prompt, args.max_new_tokens, args.prompt_lookup, sampling, eos))
             for decoder, totals in zip(decoders, spec):
                 inside = FORWARD_SECONDS[0]
                 generated = decoder.generate(prompt, args.max_new_tokens)
@@ -141,26 +148,31 @@ def main() -> None:
                 totals["drafted"] += getattr(generated, "drafted", [])
                 totals["looked_up"] += getattr(generated, "looked_up", [])
                 totals["from_lookup"] += sum(getattr(generated, "from_lookup", []))
-                totals["tokens"] += len(generated.tokens)
-                totals["seconds"] += generated.seconds
+                totals["timed"].append((len(generated.tokens), generated.seconds))
                 totals["rounds"] += generated.accepted
                 totals["same"] += generated.tokens == reference.tokens
+                divergence = first_divergence(reference, generated, dtype, hidden)
+                if divergence is not None:
+                    totals["near_ties" if divergence["near_tie"] else "unexplained"] += 1
             print(f"prompt {number}/{len(prompts)}", file=sys.stderr)
 
-    base_rate = base["tokens"] / base["seconds"]
-    lookup_rate = lookup["tokens"] / lookup["seconds"]
+    base_rate = sum(t for t, _ in base) / sum(s for _, s in base)
+    lookup_rate = sum(t for t, _ in lookup) / sum(s for _, s in lookup)
     for shape, totals, decoder in zip(shapes, spec, decoders):
         rounds = totals["rounds"]
-        rate = totals["tokens"] / totals["seconds"]
+        rate = sum(t for t, _ in totals["timed"]) / sum(s for _, s in totals["timed"])
         print(json.dumps({
             "bench": "decode", "decoding": shape.describe(), "target": args.target.name, "prompts": len(prompts),
             "max_new_tokens": args.max_new_tokens, "dtype": args.dtype, "threads": args.threads, **machine_record(),
             "tau": round(1 + sum(rounds) / len(rounds), 3),
             "per_position_acceptance": [round(sum(a > i for a in rounds) / len(rounds), 3) for i in range(shape.depth)],
             "tokens_per_s": round(rate, 2), "baseline_tokens_per_s": round(base_rate, 2),
-            "speedup": round(rate / base_rate, 3), "prompt_lookup_num_tokens": args.prompt_lookup,
-            "prompt_lookup_tokens_per_s": round(lookup_rate, 2), "prompt_lookup_speedup": round(lookup_rate / base_rate, 3),
-            "vs_prompt_lookup": round(rate / lookup_rate, 3), "same_as_baseline": totals["same"],
+            **paired_speedup(base, totals["timed"]).fields("speedup"), "prompt_lookup_num_tokens": args.prompt_lookup,
+            "prompt_lookup_tokens_per_s": round(lookup_rate, 2),
+            **paired_speedup(base, lookup).fields("prompt_lookup_speedup"),
+            **paired_speedup(lookup, totals["timed"], steady_baseline=False).fields("vs_prompt_lookup"),
+            "same_as_baseline": totals["same"],
+            "divergences": {"near_ties": totals["near_ties"], "unexplained": totals["unexplained"]},
             "overhead_ms_per_round": round(1000 * totals["overhead"] / len(rounds), 3),
             **({"draft_length_counts": dict(sorted(Counter(totals["drafted"]).items())),
                 "lookup_length_counts": dict(sorted(Counter(totals["looked_up"]).items())),

@@ -3,11 +3,15 @@
 Runs (or reuses: every stage resumes) the demo of CONFIG (default examples/demo/full.yaml, the
 size meant for the figures) and prints one line per evaluation pass from its reports (`OUT/report/`,
 `OUT-vllm/report/` where the demo runs vLLM): the pass's label and held-out set, its decoding, tau,
-per-position acceptance, speculative and target-alone tokens/s and their ratio (`speedup`, the
-target alone timed in the same pass on the same prompts), transformers' prompt lookup timed in the same
-pass (`prompt_lookup_speedup`, and `vs_prompt_lookup`: speculative tokens/s over prompt lookup's), how
-many outputs equal the target alone's, and, where vLLM served the pass, vLLM's tau and speedups (its
-EAGLE-3 and ngram proposers, against its own target alone). The last line is the demo's goals
+per-position acceptance, speculative and target-alone tokens/s (pooled), the speedup over the target
+alone timed in the same pass on the same prompts, transformers' prompt lookup timed in the same pass
+(`prompt_lookup_speedup`, and `vs_prompt_lookup`: speculative over prompt lookup). Every ratio is the
+median of per-prompt ratios (`eyas.decode.paired`) with `<ratio>_quartiles`, `<ratio>_range`,
+`<ratio>_pooled` (all tokens over all seconds), `<ratio>_outliers` and `<ratio>_reliable`; `timing_reliable`
+(with `timing_unreliable_because`) says whether the pass's timing can be trusted at all. Then how many
+outputs equal the target alone's and `divergences` (near-ties a rounding explains, unexplained ones: a
+bug), and, where vLLM served the pass, vLLM's tau and speedups (its EAGLE-3 and ngram proposers, against
+its own target alone; one batched run each, so no per-prompt pairing). The last line is the demo's goals
 (`goals.json`). Threads: torch's default (both cores of the VM); the settings that change the result
 (prompts, new tokens, dtype, shapes) are in each line.
 """
@@ -21,6 +25,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from eyas.decode.paired import PairedSpeedup
 from eyas.demo.run import run_demo
 from eyas.precision import machine_record
 
@@ -39,12 +44,19 @@ def pass_line(label: str, result: dict[str, Any]) -> dict[str, Any]:
         "dtype": (result.get("precision") or {}).get("dtype"), "sampling": result["sampling"],
         "tau": round(result["tau"], 3), "per_position_acceptance": [round(a, 3) for a in result["per_position_acceptance"]],
         "tokens_per_s": round(result["tokens_per_s"], 2), "baseline_tokens_per_s": round(result["baseline_tokens_per_s"], 2),
-        "speedup": round(result["speedup"], 3), "same_as_baseline": result["same_as_baseline"],
+        **PairedSpeedup.model_validate(result["paired"]).fields("speedup"),
+        "timing_reliable": result["timing"]["reliable"], "same_as_baseline": result["same_as_baseline"],
         **(result.get("machine") or machine_record())}
+    if not result["timing"]["reliable"]:
+        line["timing_unreliable_because"] = result["timing"]["unreliable_because"]
+    divergences = result.get("divergences")
+    if divergences:
+        line["divergences"] = {"identical": divergences["identical"], "near_ties": len(divergences["near_ties"]),
+                               "unexplained": len(divergences["unexplained"])}
     lookup = result.get("prompt_lookup")
-    if lookup and lookup["tokens_per_s"]:
-        line["prompt_lookup_speedup"] = round(lookup["speedup"], 3)
-        line["vs_prompt_lookup"] = round(result["tokens_per_s"] / lookup["tokens_per_s"], 3)
+    if lookup:
+        line.update(PairedSpeedup.model_validate(lookup["paired"]).fields("prompt_lookup_speedup"))
+        line.update(PairedSpeedup.model_validate(lookup["vs_lookup"]).fields("vs_prompt_lookup"))
     served = result.get("vllm")
     if served:
         line["vllm"] = {"tau": round(served["eagle3"]["tau"], 3), "speedup": round(served["eagle3"]["speedup"], 3),

@@ -41,7 +41,11 @@ each line records the process CPU time of its timed runs (`cpu_seconds`; near
 highest 1-minute load average seen after them (this process alone makes it ~`threads`).
 
 Output: one JSON line per result on stdout (logs go to stderr), then the ratio lines
-`eyas_vs_bare_forward` and `eyas_vs_naive`.
+`eyas_vs_bare_forward` and `eyas_vs_naive`: `ratio` from the best times as above, and the paired figures
+of `eyas.decode.paired` beside it (`ratio_paired`: the median of per-pair ratios, with its quartiles,
+range, pooled ratio, outliers and whether it is reliable): per batch (the best times of the two loops on
+each batch) for `eyas_vs_bare_forward`, per round (run_extract's run against the naive loop's summed
+batches of the same round) for `eyas_vs_naive`.
 
 Run: `.venv/bin/python bench/extract.py` (defaults: --samples 256 --seq-len 512 --hidden 512
 --layers 8 --dtype float32 --threads 2 --repeat 2); quick check: `--samples 32 --seq-len 256 --hidden 256`.
@@ -71,6 +75,7 @@ import torch
 from eyas.config import ExtractConfig, PrepareConfig
 from eyas.data.dataset import DatasetReader
 from eyas.data.prepare import run_prepare
+from eyas.decode.paired import paired_speedup
 from eyas.features import store
 from eyas.precision import machine_record
 from eyas.features.extract import length_batches, plan_shards, right_padded, run_extract, sample_features
@@ -228,6 +233,7 @@ def main() -> None:
         end_to_end = (float("inf"), 0.0)  # (seconds, cpu seconds) of the best run
         per_batch = {method: [(float("inf"), 0.0)] * len(batches) for method in LOOPS}
         load = dict.fromkeys((END_TO_END, *LOOPS), 0.0)
+        rounds: dict[str, list[float]] = {END_TO_END: [], NAIVE: []}  # seconds per round
         bf16_manifest: store.StoreManifest | None = None
         naive_bytes = 0
         for attempt in range(args.repeat):
@@ -235,6 +241,8 @@ def main() -> None:
             assert not reused
             shutil.rmtree(tmp / f"store-bf16-{attempt}")
             end_to_end = min(end_to_end, (seconds, cpu))
+            rounds[END_TO_END].append(seconds)
+            rounds[NAIVE].append(0.0)
             load[END_TO_END] = max(load[END_TO_END], os.getloadavg()[0])
 
             capture = FeatureCapture(parts, aux_ids)
@@ -252,6 +260,8 @@ def main() -> None:
                     tokens, seconds, cpu = timed(steps[method])
                     assert tokens == sum(batch[2]), f"{method}: batch {index} has {tokens} tokens, not {sum(batch[2])}"
                     per_batch[method][index] = min(per_batch[method][index], (seconds, cpu))
+                    if method == NAIVE:
+                        rounds[NAIVE][-1] += seconds
                     load[method] = max(load[method], os.getloadavg()[0])
             naive_bytes = directory_bytes(naive_out)
             shutil.rmtree(naive_out)
@@ -273,13 +283,23 @@ def main() -> None:
         for method, (actual, formula) in written.items():
             print(json.dumps({**common, "metric": "bytes_per_token", "method": method, "bytes_per_token": actual,
                               "formula_bytes_per_token": formula}), flush=True)
+        batch_tokens = [sum(batch[2]) for batch in batches]
+        paired = {
+            "eyas_vs_bare_forward": paired_speedup(
+                [(n, seconds) for n, (seconds, _) in zip(batch_tokens, per_batch["bare_forward"])],
+                [(n, seconds) for n, (seconds, _) in zip(batch_tokens, per_batch["eyas_capture_loop"])],
+                steady_baseline=False, unit="batches"),
+            "eyas_vs_naive": paired_speedup([(total, seconds) for seconds in rounds[NAIVE]],
+                                            [(total, seconds) for seconds in rounds[END_TO_END]], unit="rounds"),
+        }
         for metric, eyas, baseline, goal in (
             ("eyas_vs_bare_forward", "eyas_capture_loop", "bare_forward", 0.9),
             ("eyas_vs_naive", END_TO_END, NAIVE, 2.0),
         ):
             ratio = rates[eyas] / rates[baseline]
             print(json.dumps({**common, "metric": metric, "ratio": round(ratio, 3), "eyas": eyas, "baseline": baseline,
-                              "goal": goal, "meets_goal": ratio >= goal}), flush=True)
+                              "goal": goal, "meets_goal": ratio >= goal, **paired[metric].fields("ratio_paired")}),
+                  flush=True)
 
 
 if __name__ == "__main__":

@@ -18,7 +18,8 @@ first alternates); a loop's time is its best round. Tokens are real (unpadded) t
 
 Output: one JSON line per loop (tokens, seconds, tokens_per_s), one `max_abs_error` line (per layer, the
 largest |vLLM - HF| over every token, next to the largest |HF| of that layer), and the ratio line
-`vllm_vs_hf` (vLLM tokens/s over HF's). Every line records the machine (`machine_record`), the threads
+`vllm_vs_hf` (vLLM tokens/s over HF's, best rounds; beside it `ratio_paired`, the median of the per-round
+ratios with its quartiles, range, pooled ratio, outliers and reliability, `eyas.decode.paired`). Every line records the machine (`machine_record`), the threads
 and the vLLM build.
 
 Run: `.venv-vllm/bin/python bench/extract_vllm.py` (defaults: --data examples/data --max-length 512
@@ -47,6 +48,7 @@ from eyas.backends.vllm.extractor import VllmFeatures
 from eyas.config import ExtractConfig, PrepareConfig
 from eyas.data.dataset import DatasetReader
 from eyas.data.prepare import run_prepare
+from eyas.decode.paired import paired_speedup
 from eyas.features.extract import sample_features
 from eyas.features.preflight import preflight_extract
 from eyas.models.capture import FeatureCapture
@@ -125,6 +127,7 @@ def main() -> None:
         hf_loop(capture, reader, indices[:1], args.token_budget)  # warm-up
         vllm_loop(engine, reader, indices[:1])
         best = dict.fromkeys(loops, float("inf"))
+        rounds: dict[str, list[float]] = {method: [] for method in loops}  # seconds per round
         features: dict[str, Features] = {}
         load = 0.0
         for attempt in range(args.repeat):
@@ -132,6 +135,7 @@ def main() -> None:
             for method in order:
                 features[method], seconds = timed(loops[method])
                 best[method] = min(best[method], seconds)
+                rounds[method].append(seconds)
                 load = max(load, os.getloadavg()[0])
 
         common: dict[str, Any] = {
@@ -151,8 +155,10 @@ def main() -> None:
                           "layers": {name: {k: float(f"{v:.3g}") for k, v in entry.items()}
                                      for name, entry in errors.items()}}), flush=True)
         ratio = best["hf_capture_loop"] / best["vllm_capture_loop"]
+        paired = paired_speedup([(tokens, seconds) for seconds in rounds["hf_capture_loop"]],
+                                [(tokens, seconds) for seconds in rounds["vllm_capture_loop"]], unit="rounds")
         print(json.dumps({**common, "metric": "vllm_vs_hf", "ratio": round(ratio, 3), "eyas": "vllm_capture_loop",
-                          "baseline": "hf_capture_loop"}), flush=True)
+                          "baseline": "hf_capture_loop", **paired.fields("ratio_paired")}), flush=True)
 
 
 if __name__ == "__main__":

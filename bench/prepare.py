@@ -15,7 +15,9 @@ number of tokens (the full conversations, tokenized once each). The loss masks o
 compared on the first conversations and reported as `mask_agreement`.
 
 Output: one JSON line per result on stdout (progress bars go to stderr), then a final line
-with the tokens/s ratio eyas / naive.
+with the tokens/s ratio eyas / naive (best runs) and, beside it, `ratio_paired`: the median of the
+per-run ratios (run i of eyas against run i of the naive method) with its quartiles, range, pooled ratio,
+outliers and reliability (`eyas.decode.paired`; one run each, the default, is marked unreliable).
 
 Run: `.venv/bin/python bench/prepare.py --conversations 20000` (flags: --repeat, --style).
 """
@@ -48,6 +50,7 @@ from eyas.config import PrepareConfig
 from eyas.data.chat_tokens import ChatEncoder
 from eyas.data.prepare import run_prepare
 from eyas.data.records import Conversation, parse_record
+from eyas.decode.paired import paired_speedup
 from eyas.precision import machine_record
 from eyas.models.tokenizer import load_tokenizer
 from eyas.testing.tiny import STYLES, Style, build_tiny_target
@@ -141,14 +144,14 @@ def run_naive(target: Path, data: Path) -> int:
     return total
 
 
-def best_of(repeat: int, run: Callable[[int], Result]) -> tuple[float, Result]:
-    """Return (fewest seconds, result of the last run) over `repeat` calls of `run(attempt)`."""
-    best = float("inf")
+def timed_runs(repeat: int, run: Callable[[int], Result]) -> tuple[list[float], Result]:
+    """Return (seconds of each run, result of the last run) over `repeat` calls of `run(attempt)`."""
+    seconds = []
     for attempt in range(repeat):
         started = time.perf_counter()
         result = run(attempt)
-        best = min(best, time.perf_counter() - started)
-    return best, result
+        seconds.append(time.perf_counter() - started)
+    return seconds, result
 
 
 def mask_agreement(target: Path, records: list[dict[str, Any]]) -> dict[str, Any]:
@@ -220,11 +223,13 @@ def main() -> None:
             return manifest.counts["tokens"]
 
         results: dict[str, dict[str, float]] = {}
+        runs: dict[str, list[float]] = {}
         # The baseline runs first. Run after run_prepare in the same process it was much slower
         # (20000 conversations: 146-174 s vs 94 s first; cause not found), while eyas was not
         # slowed by running second (31 s vs 33-38 s first), so this order is the conservative one.
         for method, run in (("naive_prefix_retokenize", lambda _: run_naive(target, data)), ("eyas", run_eyas)):
-            seconds, tokens = best_of(args.repeat, run)
+            runs[method], tokens = timed_runs(args.repeat, run)
+            seconds = min(runs[method])
             results[method] = {"tokens": tokens, "seconds": round(seconds, 3), "tokens_per_s": round(tokens / seconds, 1)}
             print(json.dumps({**common, "method": method, **results[method], "repeat": args.repeat}), flush=True)
 
@@ -232,6 +237,8 @@ def main() -> None:
         assert eyas["tokens"] == naive["tokens"], f"token totals differ: eyas {eyas['tokens']}, naive {naive['tokens']}"
         print(json.dumps({
             **common, "metric": "speedup_tokens_per_s", "ratio": round(eyas["tokens_per_s"] / naive["tokens_per_s"], 2),
+            **paired_speedup([(naive["tokens"], seconds) for seconds in runs["naive_prefix_retokenize"]],
+                             [(eyas["tokens"], seconds) for seconds in runs["eyas"]], unit="runs").fields("ratio_paired"),
             "eyas_tokens": eyas["tokens"], "naive_tokens": naive["tokens"],
             "mask_agreement": mask_agreement(target, records[:MASK_CHECK_CONVERSATIONS]),
         }), flush=True)

@@ -39,7 +39,9 @@ function: their losses must agree (`torch.allclose`, rtol 1e-5) and every parame
 within 1e-3 of its largest entry (reported as `max_grad_rel_diff`).
 
 Reported per configuration: tokens/s = real tokens / summed seconds of each variant;
-`speedup` = eyas tokens/s / naive tokens/s; `speedup_per_batch` (the spread is the noise);
+`speedup` = the median over batches of eyas tokens/s / naive tokens/s on the same batch
+(`eyas.decode.paired`: with `speedup_quartiles`, `speedup_range`, `speedup_pooled` = the summed
+tokens/s ratio, `speedup_outliers` and `speedup_reliable`); `speedup_per_batch` (the spread is the noise);
 `cpu_seconds` of the timed steps (near `threads * seconds` when the cores were free, lower when
 other work held them) and the highest 1-minute load average seen (this bench alone makes it
 about `threads`).
@@ -88,6 +90,7 @@ import torch
 
 from eyas.draft.attention import AttentionFactory, EagerTTTAttention, causal_document_mask
 from eyas.draft.config import DraftConfig
+from eyas.decode.paired import paired_speedup
 from eyas.draft.model import Eagle3Draft
 from eyas.precision import machine_record
 from eyas.draft.objective import StepScorer, Teacher, TeacherHead, weighted_objective
@@ -301,7 +304,8 @@ def bench_config(args: argparse.Namespace, seq: int, repeats: int) -> dict[str, 
         "target_vocab": config.vocab_size, "dtype": "float32", "batches": repeats, "tokens": tokens,
         "eyas_seconds": round(seconds["eyas"], 3), "naive_seconds": round(seconds["naive"], 3),
         "eyas_tokens_per_s": round(rates["eyas"], 1), "naive_tokens_per_s": round(rates["naive"], 1),
-        "speedup": round(rates["eyas"] / rates["naive"], 3),
+        **paired_speedup([(run["tokens"], run["seconds"]) for run in runs["naive"]],
+                         [(run["tokens"], run["seconds"]) for run in runs["eyas"]], unit="batches").fields("speedup"),
         "speedup_per_batch": [round(r, 3) for r in ratios],
         "eyas_peak_mib": max(run["peak_mib"] for run in runs["eyas"]),
         "naive_peak_mib": max(run["peak_mib"] for run in runs["naive"]),

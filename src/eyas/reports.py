@@ -10,6 +10,7 @@ from rich.table import Table
 
 if TYPE_CHECKING:  # keeps torch out of `eyas prepare`'s imports
     from eyas.data.dataset import DatasetManifest
+    from eyas.decode.divergence import Divergence, DivergenceSummary
     from eyas.decode.report import EvalReport
     from eyas.features.store import StoreManifest
     from eyas.audit.usage import Usage
@@ -124,12 +125,18 @@ def print_eval_report(out: Path, report: EvalReport) -> None:
                   f"{report.baseline_target_forwards:,}")
     table.add_row("tokens/s speculative", f"{report.tokens_per_s:.1f}")
     table.add_row("tokens/s target alone", f"{report.baseline_tokens_per_s:.1f}")
-    table.add_row("speedup", f"{report.speedup:.2f}x")
-    if report.prompt_lookup is not None:
-        table.add_row(f"tokens/s prompt lookup ({int(report.prompt_lookup['num_tokens'])} tokens, transformers)",
-                      f"{report.prompt_lookup['tokens_per_s']:.1f} ({report.prompt_lookup['speedup']:.2f}x)")
-    if report.sampling["temperature"] == 0:
-        table.add_row("outputs identical to the target alone", f"{report.same_as_baseline}/{report.prompts}")
+    table.add_row("speedup (median of per-prompt ratios)", report.paired.describe())
+    lookup = report.prompt_lookup
+    if lookup is not None:
+        table.add_row(f"tokens/s prompt lookup ({lookup.num_tokens} tokens, transformers)", f"{lookup.tokens_per_s:.1f}")
+        table.add_row("  prompt lookup over the target alone", lookup.paired.describe())
+        table.add_row("  speculative over prompt lookup", lookup.vs_lookup.describe())
+    if report.timing.reliable:
+        table.add_row("timing", "reliable: stalls isolated (if any), the target alone's pace steady")
+    else:
+        table.add_row("[bold red]timing UNRELIABLE[/bold red]", "; ".join(report.timing.unreliable_because))
+    if report.divergences is not None:
+        _divergence_rows(table, report.divergences)
     if report.vllm is not None:
         served = report.vllm
         table.add_section()
@@ -147,6 +154,27 @@ def print_eval_report(out: Path, report: EvalReport) -> None:
             table.add_row("  EAGLE-3 outputs identical to vLLM's target alone",
                           f"{served.eagle3.same_as_target_alone}/{served.prompts}")
     console.print(table)
+
+
+def _divergence_rows(table: Table, summary: DivergenceSummary) -> None:
+    """Add the greedy outputs' comparison with the target alone to `table`: identical, near-ties, bugs."""
+    def listed(entries: list[Divergence]) -> str:
+        return "; ".join(f"prompt {d.prompt} at token {d.position} (margins {d.margin_alone:.4g} + "
+                         f"{d.margin_speculative:.4g} {'<=' if d.margin_alone + d.margin_speculative <= d.bound else '>'} "
+                         f"bound {d.bound:.4g}" + ("" if d.verified_top1 else "; the verification's own argmax not committed")
+                         + ")" for d in entries)
+
+    table.add_row("outputs identical to the target alone", f"{summary.identical}/{summary.prompts}")
+    table.add_row("  near-tie divergences (rounding)",
+                  f"{len(summary.near_ties)}" + (f": {listed(summary.near_ties)}" if summary.near_ties else ""))
+    if summary.unexplained:
+        table.add_row("  [bold red]UNEXPLAINED divergences[/bold red]",
+                      f"[bold red]{len(summary.unexplained)}: not rounding, a decoder bug: "
+                      f"{listed(summary.unexplained)}[/bold red]")
+    else:
+        table.add_row("  unexplained divergences", "0")
+    if summary.unexamined:
+        table.add_row("  differing outputs decoded before divergences were recorded", f"{summary.unexamined}")
 
 
 def print_draft_check(path: Path, engine: str, problems: list[str]) -> None:

@@ -41,11 +41,17 @@ def test_smoke_demo_runs_every_stage_and_reuses_them(tmp_path: Path) -> None:
     first = json.loads((report / "report.json").read_text())
     assert first["prompts"] == 2 and first["decoding"].startswith("auto") and first["prompt_lookup"] is not None
     assert first["same_as_baseline"] == 2  # greedy: the target's own output
+    assert first["divergences"]["identical"] == 2 and first["divergences"]["unexplained"] == []
+    # speedups are medians of per-prompt ratios; two prompts are too few to trust, and the report says so
+    assert first["speedup"] == first["paired"]["median"] and len(first["paired"]["ratios"]) == 2
+    assert not first["timing"]["reliable"] and "2 prompts: too few" in first["timing"]["unreliable_because"][0]
+    assert first["prompt_lookup"]["vs_lookup"]["median"] > 0
     passes = {label: json.loads((report / label / "report.json").read_text())
               for label in ("chat", "chat-draft", "chain", "chat-chain")}
     assert {label: p["decoding"] for label, p in passes.items()} == {
         "chat": first["decoding"], "chat-draft": "auto (chain <= 8, lookup <= 0)", "chain": "chain 3", "chat-chain": "chain 3"}
-    assert all(p["prompts"] == 2 and p["same_as_baseline"] == 2 for p in passes.values())
+    assert all(p["prompts"] == 2 and p["same_as_baseline"] == 2 and p["divergences"]["unexplained"] == []
+               for p in passes.values())
     assert "chat-prompts.jsonl" in (tmp_path / "run" / "eval-chat" / "config.yaml").read_text()
     goals = json.loads((report / "goals.json").read_text())
     assert goals["chain tau >= 2.0 (chat)"] == {"decoding": "chain 3", "value": round(passes["chat-chain"]["tau"], 3),

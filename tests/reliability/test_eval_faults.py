@@ -18,7 +18,8 @@ from eyas.train.loop import run_train
 
 EYAS = str(Path(sys.executable).parent / "eyas")
 PAGE = 4096  # tmpfs allocates whole pages
-TIMINGS = {"seconds", "baseline_seconds", "speedup", "tokens_per_s", "baseline_tokens_per_s"}
+TIMINGS = {"seconds", "baseline_seconds", "speedup", "tokens_per_s", "baseline_tokens_per_s", "pooled_speedup", "paired",
+           "timing"}
 
 
 def environment() -> dict[str, str]:

@@ -19,6 +19,10 @@ resumes; every read scores the draft's first token at each anchor against the co
 unverified lookup proposal is scored against the tokens committed after it (hindsight, the
 policy's docstring). The candidates are fixed given the context (top-1 draft tokens, looked-up
 tokens), so under sampling the tree verifier keeps the target's distribution exactly.
+
+Greedy generations also log, per committed token, the target's top-2 logits in the forward that chose
+it (eyas.decode.choices), so a speculative output that differs from the target alone's can be explained
+afterwards (eyas.decode.divergence).
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from eyas.decode.choices import ChoiceLog, TargetChoices
 from eyas.decode.costs import RoundCosts, measure_costs, settle
 from eyas.decode.drafting import TreeDrafter, TreeShape, draft_chain, target_ids_of
 from eyas.decode.lookup import PromptLookup
@@ -49,7 +54,8 @@ class Generation:
     forward and commits `accepted[r] + 1` tokens); the prefill forward, which produces the first
     token, is not a round. `seconds`: wall time of the whole generation, prefill included.
     With `AutoShape`, per round: `drafted` draft tokens and `looked_up` lookup tokens verified,
-    `from_lookup` of the accepted tokens proposed by the lookup branch alone.
+    `from_lookup` of the accepted tokens proposed by the lookup branch alone. Greedy: `choices`, the
+    target's top-2 logits at every new token, in the forward that committed it (None when sampling).
     """
 
     tokens: list[int]
@@ -60,6 +66,7 @@ class Generation:
     target_forwards: int = 0
     draft_forwards: int = 0
     seconds: float = 0.0
+    choices: TargetChoices | None = None
 
 
 PENDING_MOST = 512  # unread draft anchors (target features kept) before the draft reads them anyway
@@ -172,44 +179,57 @@ class Decoder:
     def generate(self, prompt: list[int], max_new_tokens: int) -> Generation:
         """Return the generation for `prompt` (token ids), at most `max_new_tokens`, stopping after an EOS."""
         started = time.perf_counter()
+        log = ChoiceLog() if self.sampling.greedy else None
         if isinstance(self.shape, AutoShape):
             if self.draft is None or self.shape.max_chain == 0:
-                result = self._adaptive(prompt, max_new_tokens, None)
+                result = self._adaptive(prompt, max_new_tokens, None, log)
             else:
                 with FeatureCapture(self.parts, self.draft.config.aux_layer_ids) as capture:
-                    result = self._adaptive(prompt, max_new_tokens, capture)
+                    result = self._adaptive(prompt, max_new_tokens, capture, log)
         elif self.draft is None:
-            result = self._plain(prompt, max_new_tokens)
+            result = self._plain(prompt, max_new_tokens, log)
         else:
             with FeatureCapture(self.parts, self.draft.config.aux_layer_ids) as capture:
-                result = self._speculative(prompt, max_new_tokens, capture)
+                result = self._speculative(prompt, max_new_tokens, capture, log)
+        result.choices = log.finish() if log is not None else None
         result.seconds = time.perf_counter() - started
         return result
 
     def _done(self, tokens: list[int], max_new_tokens: int) -> bool:
         return generation_done(tokens, max_new_tokens, self.eos_ids)
 
-    def _commit(self, tokens: list[int], new: list[int], max_new_tokens: int) -> None:
+    def _commit(self, tokens: list[int], new: list[int], max_new_tokens: int, logits: torch.Tensor, rows: list[int],
+                log: ChoiceLog | None) -> None:
+        """Commit `new` (`commit_tokens`); log the rows of `logits [n, V]` that chose them (`rows`, one per token)."""
+        before = len(tokens)
         commit_tokens(tokens, new, max_new_tokens, self.eos_ids)
+        if log is not None:
+            log.add(logits[rows[:len(tokens) - before]])
 
-    def _plain(self, prompt: list[int], max_new_tokens: int) -> Generation:
+    def _first(self, step: TargetStep, log: ChoiceLog | None) -> Generation:
+        """Return the generation started with the prefill's token (from the last row of `step`), logged."""
+        result = Generation([], target_forwards=1)
+        self._commit(result.tokens, [self._pick(step.logits[-1])], 1, step.logits, [-1], log)
+        return result
+
+    def _plain(self, prompt: list[int], max_new_tokens: int, log: ChoiceLog | None) -> Generation:
         target = TargetRunner(self.parts, None)
-        step = target.forward(torch.tensor(prompt), torch.arange(len(prompt)), last_only=True)
-        result = Generation([self._pick(step.logits[-1])], target_forwards=1)
+        result = self._first(target.forward(torch.tensor(prompt), torch.arange(len(prompt)), last_only=True), log)
         while not self._done(result.tokens, max_new_tokens):
             position = len(prompt) + len(result.tokens) - 1
             step = target.forward(torch.tensor(result.tokens[-1:]), torch.tensor([position]))
             result.target_forwards += 1
             result.accepted.append(0)
-            result.tokens.append(self._pick(step.logits[-1]))
+            self._commit(result.tokens, [self._pick(step.logits[-1])], max_new_tokens, step.logits, [-1], log)
         return result
 
-    def _speculative(self, prompt: list[int], max_new_tokens: int, capture: FeatureCapture) -> Generation:
+    def _speculative(self, prompt: list[int], max_new_tokens: int, capture: FeatureCapture,
+                     log: ChoiceLog | None) -> Generation:
         assert self.draft is not None and self.shape is not None
         target, drafter = TargetRunner(self.parts, capture), DraftRunner(self.draft)
         grower = TreeDrafter(drafter, self.shape, self.sampling, self.generator)
         step = target.forward(torch.tensor(prompt), torch.arange(len(prompt)), last_only=True)
-        result = Generation([self._pick(step.logits[-1])], target_forwards=1)
+        result = self._first(step, log)
         assert step.aux is not None
         anchors = _PendingAnchors()
         anchors.add(step.aux, prompt[1:] + result.tokens, 0)  # anchors 0..m-1: the prompt's features, x_1..x_m
@@ -230,17 +250,18 @@ class Decoder:
             anchors.add(verified.aux[verdict.rows], new, position)
             root = anchors.read(drafter)
             result.draft_forwards += 1
-            self._commit(result.tokens, new, max_new_tokens)
+            self._commit(result.tokens, new, max_new_tokens, verified.logits, verdict.rows, log)
         result.draft_forwards += grower.forwards
         return result
 
-    def _adaptive(self, prompt: list[int], max_new_tokens: int, capture: FeatureCapture | None) -> Generation:
+    def _adaptive(self, prompt: list[int], max_new_tokens: int, capture: FeatureCapture | None,
+                  log: ChoiceLog | None) -> Generation:
         """The cost-aware loop (module docstring); without `capture` there is no draft, lookup only."""
         assert isinstance(self.shape, AutoShape)
         target = TargetRunner(self.parts, capture)
         drafter = DraftRunner(self.draft) if capture is not None and self.draft is not None else None
         step = target.forward(torch.tensor(prompt), torch.arange(len(prompt)), last_only=True)
-        result = Generation([self._pick(step.logits[-1])], target_forwards=1)
+        result = self._first(step, log)
         lookup = PromptLookup()
         lookup.extend(prompt + result.tokens)
         pending = _PendingAnchors()
@@ -299,7 +320,7 @@ class Decoder:
             result.from_lookup.append(sum(node >= len(chain) for node in verdict.accepted))
             policy.observe(k, matched_prefix(chain, new), l, matched_prefix(proposal[:l], new), ngram,
                            forward_seconds, time.perf_counter() - started - forward_seconds - k * policy.costs.draft_step)
-            self._commit(result.tokens, new, max_new_tokens)
+            self._commit(result.tokens, new, max_new_tokens, verified.logits, verdict.rows, log)
             unverified.settle(result.tokens, policy)
         return result
 

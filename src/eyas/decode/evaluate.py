@@ -3,7 +3,9 @@
 Everything that can be refused is refused before a weight loads: the decoding shape, the
 prompts file, and a draft made for another target (fingerprint, hidden size, vocabulary, layers).
 Each prompt's results are appended to `REPORT_DIR/results.jsonl` as soon as it is done, so an
-interrupted evaluation continues where it stopped; the report is computed from those lines.
+interrupted evaluation continues where it stopped; the report is computed from those lines. A line holds
+both timings of its prompt (the report pairs them, eyas.decode.paired) and, greedy, where its outputs
+first differ and why (eyas.decode.divergence).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from eyas.config import DEFAULT_TREE, EvalConfig
 from eyas.data.prompts import eos_ids, generate_kwargs, target_eos_ids
 from eyas.decode.costs import RoundCosts
 from eyas.decode.decoder import Decoder, Generation
+from eyas.decode.divergence import first_divergence
 from eyas.decode.drafting import TreeShape
 from eyas.decode.policy import AutoShape
 from eyas.decode.prompts import read_prompts
@@ -25,7 +28,7 @@ from eyas.decode.report import REPORT, EvalReport, summarize, write_report
 from eyas.decode.sampling import Sampling
 from eyas.decode.served import VllmFigures, serve_in_vllm, serving_problems
 from eyas.draft.config import WEIGHTS_FILE, read_draft_config, target_problems
-from eyas.draft.model import load_draft
+from eyas.draft.model import load_draft, set_embedding
 from eyas.errors import CannotRun, EyasError
 from eyas.files import read_json_object, sha256_file, write_json_atomic
 from eyas.precision import choose_dtype
@@ -76,13 +79,15 @@ def prompt_lookup_generate(parts: TargetParts, prompt: list[int], max_new_tokens
 
 
 def _result_line(index: int, base: Generation, spec: Generation, lookup: tuple[int, float] | None,
-                 costs: RoundCosts | None) -> dict[str, Any]:
+                 costs: RoundCosts | None, parts: TargetParts) -> dict[str, Any]:
     line: dict[str, Any] = {
         "prompt": index, "new_tokens": len(spec.tokens), "accepted": spec.accepted, "seconds": spec.seconds,
         "target_forwards": spec.target_forwards, "draft_forwards": spec.draft_forwards,
         "baseline_new_tokens": len(base.tokens), "baseline_seconds": base.seconds,
         "baseline_target_forwards": base.target_forwards, "same_tokens": spec.tokens == base.tokens,
     }
+    if base.choices is not None:  # greedy
+        line["divergence"] = first_divergence(base, spec, parts.lm_head.weight.dtype, parts.lm_head.weight.shape[1])
     if costs is not None:  # the auto shape: what it chose per round, and the costs it chose from
         line.update(drafted=spec.drafted, looked_up=spec.looked_up, from_lookup=spec.from_lookup, costs=costs.record())
     if lookup is not None:
@@ -104,8 +109,7 @@ def run_eval(config: EvalConfig) -> EvalReport:
     problems = target_problems(draft_config, fingerprint, load_config(config.target, config.trust_remote_code))
     if problems:
         raise EyasError(f"{config.draft}: not a draft for {config.target}: " + "; ".join(problems))
-    if not (config.draft / WEIGHTS_FILE).is_file():
-        raise EyasError(f"{config.draft / WEIGHTS_FILE}: not found")
+    draft = load_draft(config.draft)  # refuses missing, unreadable, misshaped or non-finite weights before any claim
     prompts = read_prompts(config.prompts, tokenizer, config.limit, config.chat_template_kwargs)
     device = resolve_device(config.device)
     identities = {"target": fingerprint.id, "draft": sha256_file(config.draft / WEIGHTS_FILE),
@@ -119,7 +123,8 @@ def run_eval(config: EvalConfig) -> EvalReport:
     if len(done) < len(prompts):
         dtype = precision.torch_dtype
         parts = load_target(config.target, dtype, device, config.trust_remote_code)
-        draft = load_draft(config.draft, parts.embed.weight.detach()).to(device=device, dtype=dtype).eval()
+        set_embedding(draft, parts.embed.weight.detach())
+        draft = draft.to(device=device, dtype=dtype).eval()
         eos = eos_ids(parts.model, tokenizer)
         plain = Decoder(parts, None, None, sampling, eos, config.seed)
         speculative = Decoder(parts, draft, shape, sampling, eos, config.seed)
@@ -133,7 +138,7 @@ def run_eval(config: EvalConfig) -> EvalReport:
                 base, spec = plain.generate(prompt, config.max_new_tokens), speculative.generate(prompt, config.max_new_tokens)
                 lookup = prompt_lookup_generate(parts, prompt, config.max_new_tokens, config.prompt_lookup, sampling,
                                                 eos) if config.prompt_lookup else None
-                line = _result_line(index, base, spec, lookup, speculative.costs)
+                line = _result_line(index, base, spec, lookup, speculative.costs, parts)
                 handle.append(json.dumps(line))
                 results.append(line)
                 rounds = [a for r in results for a in r["accepted"]]

@@ -7,7 +7,9 @@ section's prompts (HumanEval) and the held-out chat set (`prompts/chat-prompts.j
 settings; with the auto shape, also the draft alone (`--lookup 0`) on the chat set; with `demo.chain`,
 a fixed chain on both sets; with `demo.tree`, a tree on the first. The reports (report.json,
 acceptance.png: the eval section's at the top, the others in chat/, chat-draft/, chain/, chat-chain/,
-tree/), `goals.json` (the figures against the demo's goals, docs/demo.md), the training curves
+tree/; each with its speedups as medians of per-prompt ratios, whether its timing can be trusted, and every
+greedy divergence from the target alone explained as a near-tie or flagged as a bug: docs/eval.md),
+`goals.json` (the figures against the demo's goals, docs/demo.md), the training curves
 (training/*.png) and the vLLM export of the draft are gathered in `OUT/report/`, with `stages.json`
 (this run's seconds per stage, every run's summed, the CPU capability and torch threads). Where this Python has vLLM
 (`make setup-vllm`; `make demo` then runs in `.venv-vllm`), the demo regenerates through vLLM and every
