@@ -15,6 +15,8 @@ opens the shards.
 from __future__ import annotations
 
 import json
+import os
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, NoReturn
@@ -275,7 +277,8 @@ def open_store(store: Path, manifest: StoreManifest, checksums: bool = True) -> 
     report before reading a feature: a store holding no samples, a manifest that contradicts itself, a
     shard missing, of another size, unreadable, or holding other tensors, sample ids or offsets than its
     entry lists (`shard_problems`: header, sample ids and offsets only); with `checksums`, also a shard
-    whose sha256 is not the manifest's (each shard is read once more, a fraction of one epoch's reading).
+    whose sha256 is not the manifest's (each shard is read once more, on as many threads as there are
+    cores: bench/store_open.py).
     Non-finite features are refused as each sample is read (`FeatureShard.sample`).
     """
     if manifest.samples == 0:
@@ -289,9 +292,13 @@ def open_store(store: Path, manifest: StoreManifest, checksums: bool = True) -> 
         shard, problems = _opened(store, info, manifest)
         if shard is None or problems:
             _refuse(store, problems)
-        if checksums and (problems := _checksum_problems(store / info.file, info)):
-            _refuse(store, problems)
         shards.append(shard)
+    if checksums:
+        workers = min(len(manifest.shards), os.cpu_count() or 1)  # hashlib hashes outside the GIL
+        with ThreadPoolExecutor(max_workers=workers) as pool:
+            found = pool.map(lambda info: _checksum_problems(store / info.file, info), manifest.shards)
+            if problems := [problem for each in found for problem in each]:
+                _refuse(store, problems)
     return shards
 
 
