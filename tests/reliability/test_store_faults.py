@@ -191,6 +191,19 @@ def test_a_missing_vocabulary_is_named_by_train(stores, run_cli, tmp_path: Path)
     assert not out.exists()
 
 
+def test_a_vocabulary_with_malformed_metadata_is_named_by_train(stores, run_cli, tmp_path: Path) -> None:
+    data = tmp_path / "ds"
+    shutil.copytree(stores["data"], data)
+    vocab = data / "vocab.safetensors"
+    with safe_open(str(vocab), framework="pt") as handle:
+        tensors = {name: handle.get_tensor(name) for name in handle.keys()}
+    save_file(tensors, str(vocab), metadata={"eyas.draft_vocab": "{not json"})
+    out = tmp_path / "run"
+    err = refused(run_cli, "train", "--features", stores["store"], "--data", data, "--out", out, *TRAIN)
+    assert err.startswith(f"{vocab}: metadata eyas.draft_vocab: malformed JSON (")
+    assert not out.exists()
+
+
 @pytest.fixture(scope="module")
 def prompts_only(weighted_target, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A dataset prepared from prompts alone: no row to extract, its prompts for regenerate and eval."""
