@@ -36,6 +36,14 @@ def test_a_stalled_prompt_is_marked_and_does_not_move_the_median() -> None:
     assert figure.reliable  # one stall in eight: isolated, and the median is untouched
 
 
+def test_a_prompt_slow_on_both_sides_is_no_outlier() -> None:
+    """An answer that stops after a few tokens carries its whole prefill on both sides: slow per token, but
+    alike on both, so its ratio is fair; a stall slows one side only."""
+    figure = paired_speedup(timed([1.0] * 7 + [5.0]), timed([0.5] * 7 + [2.0]))
+    assert figure.outliers == [] and figure.reliable
+    assert figure.ratios[-1] == pytest.approx(2.5)
+
+
 def test_many_stalls_make_the_figure_unreliable() -> None:
     figure = paired_speedup(timed([1.0] * 6 + [5.0, 6.0]), timed([0.5] * 5 + [4.0, 0.5, 0.5]))
     assert figure.outliers == [5, 6, 7]

@@ -8,10 +8,13 @@ tokens/s over the baseline's on the same prompt (equivalently the baseline's sec
 candidate's), and reported as the median over the pairs with its quartiles and range; the pooled ratio
 stays as a secondary figure.
 
-- Outliers: a pair whose seconds per token on either side exceed `OUTLIER_FACTOR` (3) times that side's
-  median. A stall (another process on the cores, a CPU clocking down) slows a prompt by a factor, while
-  decoding itself moves a prompt's seconds per token far less: the target alone runs the same loop on
-  every prompt, and a speculative prompt that accepts nothing runs at about the target's own pace.
+- Outliers: a pair whose seconds per token on one side exceed `OUTLIER_FACTOR` (3) times that side's
+  median while the other side did not slow with it (the two sides' paces, each over its median, differ by
+  more than that factor). A stall (another process on the cores, a CPU clocking down) slows one side of a
+  pair by a factor, while decoding itself moves a prompt's seconds per token far less: the target alone
+  runs the same loop on every prompt, and a speculative prompt that accepts nothing runs at about the
+  target's own pace. A prompt slow on both sides (an answer that stops after a few tokens carries its
+  whole prefill) is not one: its ratio is as fair as any other's.
 - Unreliable (`reliable: false`, with the reasons): fewer than `FEWEST_PAIRS` (3) pairs, where a median
   cannot tell a stall from the trend; more than `MOST_OUTLIERS` (a quarter) of the pairs outliers, where
   stalls were no isolated events; or, where the baseline does the same work per token on every pair
@@ -45,7 +48,8 @@ class PairedSpeedup(BaseModel):
     high: float = Field(description="largest per-pair ratio")
     pooled: float = Field(description="all candidate tokens over all its seconds, over the baseline's (secondary)")
     ratios: list[float] = Field(description="the per-pair ratios, in the pairs' order")
-    outliers: list[int] = Field(description="labels of the pairs with a side slower than 3x its median per token")
+    outliers: list[int] = Field(description="labels of the pairs with one side slower than 3x its median per token "
+                                            "and the other not slowed alike")
     reliable: bool
     unreliable_because: list[str] = Field(default_factory=list)
 
@@ -82,6 +86,13 @@ def quantile(values: Sequence[float], q: float) -> float:
     return ordered[below] + (ordered[above] - ordered[below]) * (position - below)
 
 
+def _stalled(base_pace: float, candidate_pace: float) -> bool:
+    """Return whether a pair whose sides ran at these paces (seconds per token over the side's median) is an
+    outlier: one side over `OUTLIER_FACTOR` times its median, the other not slowed alike."""
+    slow = max(base_pace, candidate_pace) > OUTLIER_FACTOR
+    return slow and max(base_pace / candidate_pace, candidate_pace / base_pace) > OUTLIER_FACTOR
+
+
 def paired_speedup(baseline: Sequence[Timed], candidate: Sequence[Timed], labels: Sequence[int] | None = None,
                    steady_baseline: bool = True, unit: str = "prompts") -> PairedSpeedup:
     """Return the candidate's speedup over the baseline from pairs timed on both sides, `(work, seconds)`
@@ -98,7 +109,7 @@ def paired_speedup(baseline: Sequence[Timed], candidate: Sequence[Timed], labels
     ratios = [b / c for b, c in zip(base, cand)]
     base_median, cand_median = statistics.median(base), statistics.median(cand)
     outliers = [label for label, b, c in zip(labels, base, cand)
-                if b > OUTLIER_FACTOR * base_median or c > OUTLIER_FACTOR * cand_median]
+                if _stalled(b / base_median, c / cand_median)]
     reasons = []
     if len(ratios) < FEWEST_PAIRS:
         reasons.append(f"{len(ratios)} {unit}: too few to tell a stall from the trend")
