@@ -186,16 +186,23 @@ class LineLog:
         self.close()
 
 
+def parse_json_object(text: str, source: str, numbered: bool = False) -> dict[str, Any]:
+    """Return the JSON object `text`, read from `source` (a file, a `file:line`, a metadata field); refuses
+    malformed JSON (naming `source`, and the line within `text` when `numbered`) and any other JSON value."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise EyasError(f"{source}{f':{exc.lineno}' if numbered else ''}: malformed JSON: {exc.msg}") from None
+    if not isinstance(value, dict):
+        raise EyasError(f"{source}: expected a JSON object")
+    return value
+
+
 def read_json_object(path: Path, missing: str = "") -> dict[str, Any]:
-    """Return the JSON object in `path`; refuses a missing file (`missing` is added to the message),
-    malformed JSON (naming the line) and any other JSON value."""
+    """Return the JSON object in `path`; refuses a missing or unreadable file (`missing` is added to the
+    message), malformed JSON (naming the line) and any other JSON value."""
     if not path.is_file():
         raise EyasError(f"{path}: not found{'; ' + missing if missing else ''}")
-    try:
-        with reading(path):
-            value = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as exc:
-        raise EyasError(f"{path}:{exc.lineno}: malformed JSON: {exc.msg}") from None
-    if not isinstance(value, dict):
-        raise EyasError(f"{path}: expected a JSON object")
-    return value
+    with reading(path):
+        text = path.read_text(encoding="utf-8")
+    return parse_json_object(text, str(path), numbered=True)

@@ -24,7 +24,8 @@ from pydantic import BaseModel, ValidationError
 from eyas import __version__
 from eyas.config import StageConfig, deciding_fields, write_resolved_config
 from eyas.errors import EyasError
-from eyas.files import LineLog, read_json_object, sha256_text, write_json_atomic, write_text_atomic
+from eyas.files import (LineLog, parse_json_object, read_json_object, reading, sha256_text, write_json_atomic,
+                        write_text_atomic)
 from eyas.models.fingerprint import TargetFingerprint
 from eyas.outputs import claim_output_dir
 
@@ -54,8 +55,10 @@ class StageManifest(BaseModel):
         path = directory / MANIFEST_FILE
         if not path.is_file():
             raise EyasError(f"{path}: not found; is {directory} a finished `{verb}` output?")
+        with reading(path):
+            text = path.read_text(encoding="utf-8")
         try:
-            return cls.model_validate(json.loads(path.read_text(encoding="utf-8")))
+            return cls.model_validate(json.loads(text))
         except (json.JSONDecodeError, ValidationError) as exc:
             raise EyasError(f"{path}: not a valid {what} manifest: {str(exc).splitlines()[0]}") from None
 
@@ -81,16 +84,7 @@ class JsonLines:
         whole = lines if not lines or lines[-1].endswith("\n") else lines[:-1]
         if len(whole) < len(lines):
             write_text_atomic(self.path, "".join(whole))
-        records = []
-        for number, line in enumerate(whole, 1):
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise EyasError(f"{self.path}:{number}: malformed JSON: {exc.msg}") from None
-            if not isinstance(record, dict):
-                raise EyasError(f"{self.path}:{number}: expected a JSON object")
-            records.append(record)
-        return records
+        return [parse_json_object(line, f"{self.path}:{number}") for number, line in enumerate(whole, 1)]
 
     def keep(self, count: int) -> None:
         """Cut the file back to its first `count` lines (a resumed run rewrites what came after)."""

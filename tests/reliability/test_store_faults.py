@@ -200,7 +200,7 @@ def test_a_vocabulary_with_malformed_metadata_is_named_by_train(stores, run_cli,
     save_file(tensors, str(vocab), metadata={"eyas.draft_vocab": "{not json"})
     out = tmp_path / "run"
     err = refused(run_cli, "train", "--features", stores["store"], "--data", data, "--out", out, *TRAIN)
-    assert err.startswith(f"{vocab}: metadata eyas.draft_vocab: malformed JSON (")
+    assert err.startswith(f"{vocab}: metadata eyas.draft_vocab: malformed JSON: ")
     assert not out.exists()
 
 

@@ -11,14 +11,13 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 from safetensors import safe_open
 from safetensors.numpy import save_file
 
 from eyas.errors import EyasError
-from eyas.files import reading, write_atomic
+from eyas.files import parse_json_object, reading, write_atomic
 
 CACHE_DIR = "vocab-cache"
 METADATA_KEY = "eyas.draft_vocab"
@@ -73,22 +72,11 @@ def save_draft_vocab(path: Path, vocab: DraftVocab, dataset_fingerprint: str) ->
     write_atomic(path, lambda tmp: save_file({"d2t": vocab.d2t, "t2d": vocab.t2d}, str(tmp), metadata=metadata))
 
 
-def _metadata(path: Path, text: str) -> dict[str, Any]:
-    """Return the vocabulary file's metadata record `text` (JSON); refuses one that is not a JSON object."""
-    try:
-        info = json.loads(text)
-    except json.JSONDecodeError as error:
-        raise EyasError(f"{path}: metadata {METADATA_KEY}: malformed JSON ({error.msg})") from None
-    if not isinstance(info, dict):
-        raise EyasError(f"{path}: metadata {METADATA_KEY}: expected a JSON object")
-    return info
-
-
 def load_draft_vocab(path: Path, dataset_fingerprint: str | None = None) -> DraftVocab:
     """Return the vocabulary in `path`; refuses a file that cannot be read (missing, truncated, no `d2t`/`t2d`:
     `eyas.files.reading`) and one made for another dataset when a fingerprint is given."""
     with reading(path), safe_open(str(path), framework="numpy") as handle:
-        info = _metadata(path, (handle.metadata() or {}).get(METADATA_KEY, "{}"))
+        info = parse_json_object((handle.metadata() or {}).get(METADATA_KEY, "{}"), f"{path}: metadata {METADATA_KEY}")
         if dataset_fingerprint is not None and info.get("dataset_fingerprint") != dataset_fingerprint:
             raise EyasError(f"{path}: dataset_fingerprint: made for another dataset ({info.get('dataset_fingerprint')})")
         return DraftVocab(handle.get_tensor("d2t"), handle.get_tensor("t2d"), float(info.get("coverage", "nan")))
