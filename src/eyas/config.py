@@ -9,9 +9,10 @@ its output (`config.yaml`), which `--config` accepts as is.
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
 import re
+import sys
+from functools import partial
+from pathlib import Path
 from typing import Annotated, Any, Literal, TypeVar
 
 import yaml
@@ -38,22 +39,17 @@ ARGUMENT: dict[str, Any] = {ARGUMENT_KEY: True}  # json_schema_extra of the fiel
 _DEVICE = re.compile(r"cpu|cuda(:\d+)?")
 
 
-def _device_name(value: str) -> str:
-    """Return `value` when it names a device eyas runs on (cpu, cuda, cuda:N); refuses `gpu`, `tpu`, `mps`..."""
-    if not _DEVICE.fullmatch(value):
-        raise ValueError(f"{value!r}: not a device eyas runs on; expected cpu, cuda or cuda:N")
-    return value
-
-
-def _device_map_name(value: str) -> str:
-    """Return `value` when it is a device (`_device_name`) or `auto` (a device map over the GPUs)."""
-    if value != "auto" and not _DEVICE.fullmatch(value):
-        raise ValueError(f"{value!r}: not a device eyas runs on; expected cpu, cuda, cuda:N or auto")
+def _device_name(value: str, device_map: bool = False) -> str:
+    """Return `value` when it names a device eyas runs on (cpu, cuda, cuda:N; with `device_map` also `auto`, a
+    device map over the GPUs); refuses `gpu`, `tpu`, `mps`..."""
+    if not _DEVICE.fullmatch(value) and not (device_map and value == "auto"):
+        expected = "cpu, cuda, cuda:N or auto" if device_map else "cpu, cuda or cuda:N"
+        raise ValueError(f"{value!r}: not a device eyas runs on; expected {expected}")
     return value
 
 
 Device = Annotated[str, AfterValidator(_device_name)]
-DeviceMap = Annotated[str, AfterValidator(_device_map_name)]
+DeviceMap = Annotated[str, AfterValidator(partial(_device_name, device_map=True))]
 
 
 class StageConfig(BaseModel):

@@ -11,11 +11,14 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from safetensors import SafetensorError
 
 from eyas.errors import DiskFull, EyasError, UnreadableInput
+
+if TYPE_CHECKING:  # torch stays out of the CLI's start-up: read_tensors imports it when called
+    import torch
 
 _CHUNK = 1 << 20
 _UMASK = os.umask(0)
@@ -120,6 +123,15 @@ def reading(path: Path | str) -> Iterator[None]:
         if reason is None:
             raise
         raise UnreadableInput(path, reason) from None
+
+
+def read_tensors(path: Path) -> dict[str, torch.Tensor]:
+    """Return every tensor of the safetensors file `path`; refuses one that cannot be read (missing,
+    truncated, not safetensors) in one line naming it (`reading`)."""
+    from safetensors.torch import load_file
+
+    with reading(path):
+        return load_file(str(path))
 
 
 def write_atomic(path: Path, write: Callable[[Path], None]) -> None:

@@ -19,13 +19,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 from torch import nn
 
 from eyas.draft.attention import TTTAttention
 from eyas.draft.config import CONFIG_FILE, WEIGHTS_FILE, DraftConfig, read_draft_config
 from eyas.errors import EyasError
-from eyas.files import reading, write_atomic, write_json_atomic
+from eyas.files import read_tensors, write_atomic, write_json_atomic
 
 FROZEN = ("embed_tokens.weight",)
 
@@ -194,8 +194,7 @@ def load_draft(draft_dir: Path, embed_weight: torch.Tensor | None = None) -> Eag
     path = draft_dir / WEIGHTS_FILE
     if not path.is_file():
         raise EyasError(f"{path}: not found")
-    with reading(path):
-        tensors = load_file(str(path))
+    tensors = read_tensors(path)
     expected = draft.trainable_state()
     problems = [f"{name}: missing" for name in expected if name not in tensors]
     problems += [f"{name}: unexpected tensor" for name in tensors if name not in expected]

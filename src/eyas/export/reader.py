@@ -14,13 +14,12 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import load_file
 
 from eyas.draft.config import CONFIG_FILE, DraftConfig
 from eyas.draft.model import Eagle3Draft, non_finite_problems
 from eyas.errors import EyasError, UnreadableInput
 from eyas.export.formats import HF_ARCHITECTURE, SPECULATORS_ARCHITECTURES, eyas_name
-from eyas.files import read_json_object, reading
+from eyas.files import read_json_object, read_tensors, reading
 from eyas.models.fingerprint import TargetFingerprint
 from eyas.models.layers import Convention, default_aux_layers, to_input_convention
 
@@ -58,8 +57,7 @@ def _load_tensors(path: Path) -> dict[str, torch.Tensor]:
         raise EyasError(f"{path}: no *.safetensors or pytorch_model*.bin weights")
     tensors: dict[str, torch.Tensor] = {}
     for file in files:
-        with reading(file):
-            loaded = load_file(str(file)) if file.suffix == ".safetensors" else _load_bin(file)
+        loaded = read_tensors(file) if file.suffix == ".safetensors" else _load_bin(file)
         if not isinstance(loaded, dict):
             raise EyasError(f"{file}: expected a state dict")
         tensors.update(loaded)
@@ -70,7 +68,8 @@ def _load_bin(file: Path) -> object:
     """Return what a `pytorch_model*.bin` holds, through torch's weights-only loader; refuses a file torch cannot
     unpickle (truncated, not a checkpoint, or needing code to load) in one line naming it."""
     try:
-        return torch.load(file, map_location="cpu", weights_only=True)
+        with reading(file):
+            return torch.load(file, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError:
         raise UnreadableInput(file, "not a checkpoint of plain tensors (torch's weights-only loader refused it; eyas "
                                     "runs no code from a checkpoint)") from None

@@ -9,19 +9,18 @@ previous set or the new complete one. Only safetensors and JSON are read back (n
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 from pathlib import Path
 
 import torch
 from pydantic import BaseModel
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 
 from eyas.draft.config import DraftConfig
 from eyas.draft.model import Eagle3Draft, load_draft, write_draft
 from eyas.errors import EyasError
-from eyas.files import reading, write_atomic, write_json_atomic, writing
+from eyas.files import read_json_object, read_tensors, write_atomic, write_json_atomic, writing
 from eyas.train.sharding import full_tensor, like
 
 CHECKPOINTS = "checkpoints"
@@ -95,14 +94,13 @@ def load_checkpoint(path: Path, draft: Eagle3Draft, optimizer: torch.optim.Optim
 
     Sharded (FSDP) parameters get this rank's shard, so a checkpoint resumes with or without FSDP.
     """
-    state = TrainerState.model_validate(json.loads((path / "trainer.json").read_text(encoding="utf-8")))
+    state = TrainerState.model_validate(read_json_object(path / "trainer.json"))
     saved = load_draft(path / "draft").trainable_state()
     with torch.no_grad():
         for name, tensor in draft.state_dict(keep_vars=True).items():
             if name in saved:
                 tensor.copy_(like(tensor, saved[name]))
-    with reading(path / "optimizer.safetensors"):
-        tensors = load_file(str(path / "optimizer.safetensors"))
+    tensors = read_tensors(path / "optimizer.safetensors")
     by_name = dict(draft.named_parameters())
     for key, value in tensors.items():
         name, _, slot = key.rpartition("/")
@@ -110,8 +108,7 @@ def load_checkpoint(path: Path, draft: Eagle3Draft, optimizer: torch.optim.Optim
             raise EyasError(f"{path / 'optimizer.safetensors'}: {key}: no such draft parameter")
         param = by_name[name]
         optimizer.state[param][slot] = like(param, value) if slot != "step" else value
-    with reading(path / "rng.safetensors"):
-        rng = load_file(str(path / "rng.safetensors"))
+    rng = read_tensors(path / "rng.safetensors")
     torch.set_rng_state(rng["cpu"])
     if torch.cuda.is_available():
         torch.cuda.set_rng_state_all([rng[k] for k in sorted(rng) if k.startswith("cuda")])
