@@ -1,7 +1,8 @@
 """The target and the draft, each with a KV cache kept across decoding steps.
 
 Both take new tokens with explicit positions and, for draft trees, an explicit visibility
-mask among the new tokens (every new token sees the whole cached prefix). After a verification
+mask among the new tokens (every new token sees the cached prefix; the target's per-layer
+restrictions, such as sliding windows, are added by eyas.decode.visibility). After a verification
 the target keeps the cache entries of the accepted path only; the draft drops its tree entries
 and re-reads the accepted tokens with the target's own features (as EAGLE does).
 """
@@ -14,8 +15,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from eyas.decode.visibility import attention_layout
 from eyas.draft.model import Eagle3Draft, StepKV
-from eyas.errors import EyasError
 from eyas.models.capture import FeatureCapture
 from eyas.models.parts import TargetParts
 
@@ -29,12 +30,15 @@ class TargetStep:
 
 
 class TargetRunner:
-    """The target model with a transformers `DynamicCache`, optionally capturing aux features."""
+    """The target model with a transformers `DynamicCache` (every layer keeps all its keys, sliding ones
+    too, so that it can be trimmed to any path), optionally capturing aux features."""
 
     def __init__(self, parts: TargetParts, capture: FeatureCapture | None) -> None:
+        """Refuses a target whose attention layout cannot be verified exactly (eyas.decode.visibility)."""
         from transformers import DynamicCache
 
         self.parts, self.capture = parts, capture
+        self.layout = attention_layout(parts.model.config)
         self.cache = DynamicCache()
         # transformers 5.x names the argument `cache` (`past_key_values` is deprecated there); 4.x knows only the latter
         parameters = inspect.signature(parts.model.forward).parameters
@@ -57,9 +61,9 @@ class TargetRunner:
         if last_only and self.can_keep_last:
             inputs["logits_to_keep"] = 1  # a prompt's [n, V] logits are never read
         if visible is not None:
-            allowed = torch.cat([torch.ones(n, self.length, dtype=torch.bool), visible.cpu()], dim=1)  # [n, L+n]
-            mask = torch.zeros(allowed.shape, dtype=self.dtype).masked_fill(~allowed, torch.finfo(self.dtype).min)
-            inputs["attention_mask"] = mask[None, None].to(self.device)  # [1, 1, n, L+n] additive
+            masks = self.layout.masks(visible.cpu(), positions.cpu(), self.length, self.dtype)  # [1, 1, n, L+n] additive
+            inputs["attention_mask"] = masks.to(self.device) if isinstance(masks, torch.Tensor) else \
+                {kind: mask.to(self.device) for kind, mask in masks.items()}
         if self.capture is None:
             output, aux = self.parts.model(**inputs), None
         else:
@@ -77,9 +81,6 @@ class TargetRunner:
             return  # everything stays (a plain step)
         index = torch.tensor(kept, dtype=torch.long, device=self.device) + start
         for layer in self.cache.layers:
-            if type(layer).__name__ != "DynamicLayer":
-                raise EyasError(f"speculative decoding: cache layer {type(layer).__name__} (sliding window?) "
-                                "cannot be trimmed to a draft path; full-attention targets only")
             for name in ("keys", "values"):
                 tensor = getattr(layer, name)  # [1, kv, L, d]
                 if not prefix:

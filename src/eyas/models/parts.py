@@ -42,7 +42,9 @@ def locate_parts(model: nn.Module) -> TargetParts:
     DeepSeek-V3, ...); refuses, naming the model class, one whose layout it cannot find."""
     name = type(model).__name__
     base = getattr(model, "base_model", None)
-    if base is None or base is model:
+    if base is None or base is model:  # a prefix naming no attribute (Llama4ForCausalLM's): the usual `model`
+        base = getattr(model, "model", None)
+    if not isinstance(base, nn.Module) or base is model:
         raise EyasError(f"{name}: no base model under the LM head; eyas needs a *ForCausalLM model")
     expected = getattr(model.config, "num_hidden_layers", None)
     layers = next(
