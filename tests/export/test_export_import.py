@@ -44,6 +44,21 @@ def random_draft(root: Path, layers: int = 1) -> Path:
     return root / "eyas-draft"
 
 
+def test_a_full_vocabulary_draft_is_exported_without_a_mapping(run_cli, tmp_path: Path) -> None:
+    """vLLM creates no `draft_id_to_target_id` when the draft's vocabulary is the target's and refuses the tensor;
+    importing restores the identity mapping, so the round trip is exact."""
+    target = transformers.LlamaConfig(hidden_size=HIDDEN, intermediate_size=64, num_attention_heads=4,
+                                      num_key_value_heads=2, vocab_size=VOCAB, num_hidden_layers=TARGET_LAYERS)
+    draft = Eagle3Draft(draft_config_for_target(target, AUX, VOCAB, None))
+    draft.t2d[:] = True
+    save_draft(draft, tmp_path / "full")
+    assert run_cli("export", "--draft", tmp_path / "full", "--format", "vllm", "--out", tmp_path / "vllm").code == 0
+    assert not {"d2t", "t2d"} & set(load_file(str(tmp_path / "vllm" / "model.safetensors")))
+    assert run_cli("import", tmp_path / "vllm", "--out", tmp_path / "back").code == 0
+    expected, got = load_file(str(tmp_path / "full" / "model.safetensors")), load_file(str(tmp_path / "back" / "model.safetensors"))
+    assert got.keys() == expected.keys() and all(torch.equal(got[k], expected[k]) for k in expected)
+
+
 def logits_of(draft_dir: Path) -> torch.Tensor:
     """Logits of two draft steps on fixed inputs, with a fixed random embedding."""
     embed = torch.randn(VOCAB, HIDDEN, generator=torch.Generator().manual_seed(1))

@@ -86,6 +86,9 @@ def run_export(config: ExportConfig) -> Path:
         raise EyasError(f"{config.draft / CONFIG_FILE}: num_hidden_layers: {draft_config.num_hidden_layers}; SGLang's "
                         "EAGLE-3 draft has one layer (use --format vllm or speculators)")
     state = load_draft(config.draft).trainable_state()
+    if draft_config.draft_vocab_size == draft_config.vocab_size:
+        # the identity mapping: vLLM builds no mapping parameter for a full vocabulary and refuses one given
+        state = {name: tensor for name, tensor in state.items() if name not in ("d2t", "t2d")}
     dtype = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}[config.dtype] \
         if config.dtype else state["fc.weight"].dtype
     layers = draft_config.num_hidden_layers if fmt != "speculators" else 0  # speculators names layers.N always
