@@ -24,8 +24,10 @@ synthetic documents of random lengths (one eighth to one half of the row; the la
 fit), so `doc_ids` and `position_ids` restart per document as in training; the loss mask leaves
 out the first fifth of each document. Tokens, `aux [T, 3H]` and `last [T, H]` are random. The
 teacher (`TeacherHead` over a random `[target_vocab, H]` LM head; the draft vocabulary is a
-random subset of the target's) is computed before the timed step: it is the same work for both
-variants, as is the optimizer step, which is not run.
+random subset of the target's; each sample's full-vocabulary argmax computed by the head when the
+batch is made, as a feature store holds it) is computed before the timed step: it is the same work
+for both variants, as is the optimizer step, which is not run. `bench/train_vocab.py` times the
+teacher and the optimizer step too, across target vocabularies.
 
 Every timed step runs in a fresh subprocess of this script (`--run`), so both variants start
 from the same state and each run gets an honest peak-memory figure: the subprocess builds the
@@ -162,19 +164,22 @@ def build(config: DraftConfig, device: torch.device) -> tuple[Eagle3Draft, Teach
     return draft.to(device), head.to(device)
 
 
-def make_batch(config: DraftConfig, seq: int, seed: int) -> PackedBatch:
-    """Return one fully packed row of `seq` tokens: random documents, tokens and features (see the docstring)."""
+def make_batch(config: DraftConfig, seq: int, seed: int, head: TeacherHead) -> PackedBatch:
+    """Return one fully packed row of `seq` tokens: random documents, tokens and features (see the docstring),
+    each sample's argmax the one `head` computes from its `last`, as a feature store holds it."""
     generator = torch.Generator().manual_seed(seed)
     samples, left = [], seq
     while left > 0:
         length = min(left, int(torch.randint(max(1, seq // 8), max(2, seq // 2) + 1, (1,), generator=generator)))
         mask = torch.ones(length, dtype=torch.bool)
         mask[: length // 5] = False
+        last = torch.randn(length, config.target_hidden_size, generator=generator)  # [T, H]
         samples.append({
             "input_ids": torch.randint(0, config.vocab_size, (length,), generator=generator),
             "loss_mask": mask,
             "aux": torch.randn(length, NUM_AUX * config.target_hidden_size, generator=generator),
-            "last": torch.randn(length, config.target_hidden_size, generator=generator),
+            "last": last,
+            "argmax": head.target_argmax(last).cpu(),  # [T]
         })
         left -= length
     return collate([samples])
@@ -211,10 +216,10 @@ def one_run(args: argparse.Namespace) -> None:
     config = draft_config(args, seq)
     draft, head = build(config, device)
     attention = VARIANTS[args.run]
-    warm_up = make_batch(config, min(seq, WARM_UP_TOKENS), SEED - 1).to(device)
-    train_step(draft, attention, warm_up, head(warm_up.last), args.steps)
-    batch = make_batch(config, seq, SEED + args.batch).to(device)
-    teacher = head(batch.last)
+    warm_up = make_batch(config, min(seq, WARM_UP_TOKENS), SEED - 1, head).to(device)
+    train_step(draft, attention, warm_up, head(warm_up.last, warm_up.argmax), args.steps)
+    batch = make_batch(config, seq, SEED + args.batch, head).to(device)
+    teacher = head(batch.last, batch.argmax)
     draft.zero_grad(set_to_none=True)
     del warm_up
     gc.collect()

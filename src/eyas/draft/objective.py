@@ -22,6 +22,7 @@ import torch
 from torch import nn
 
 from eyas.draft.ttt import shift_left
+from eyas.models.argmax import CHUNK_ELEMENTS, TargetArgmax
 
 OutOfVocab = Literal["mask", "keep"]
 STEP_DECAY = 0.8
@@ -30,7 +31,7 @@ STEP_DECAY = 0.8
 @dataclass
 class Teacher:
     """`logits [B, T, N]` float32, the target's logits over the draft vocabulary, and `argmax [B, T]`,
-    the target's argmax over its full vocabulary (target ids)."""
+    the target's argmax over its full vocabulary (target ids, `eyas.models.argmax`)."""
 
     logits: torch.Tensor
     argmax: torch.Tensor
@@ -40,24 +41,27 @@ class TeacherHead(nn.Module):
     """The target's final norm and LM head, applied to stored pre-norm last hidden states."""
 
     def __init__(self, final_norm: nn.Module, lm_head_weight: torch.Tensor, draft_token_ids: torch.Tensor,
-                 softcap: float | None = None, chunk_elements: int = 1 << 26) -> None:
+                 softcap: float | None = None, chunk_elements: int = CHUNK_ELEMENTS) -> None:
         super().__init__()
         self.final_norm = final_norm.requires_grad_(False)
-        self.register_buffer("weight", lm_head_weight.detach(), persistent=False)  # [V, H]
         self.register_buffer("draft_weight", lm_head_weight.detach()[draft_token_ids], persistent=False)  # [N, H]
         self.softcap = softcap
-        self.chunk_rows = max(1, chunk_elements // lm_head_weight.shape[0])
+        self.target_argmax = TargetArgmax(final_norm, lm_head_weight, chunk_elements)
+
+    @property
+    def chunk_rows(self) -> int:
+        return self.target_argmax.chunk_rows
 
     @torch.no_grad()
-    def forward(self, last: torch.Tensor) -> Teacher:
-        """Return the teacher of `last [B, T, H]`; the full-vocabulary logits exist one chunk at a time."""
-        normed = self.final_norm(last.to(self.weight.dtype))  # [B, T, H]
+    def forward(self, last: torch.Tensor, argmax: torch.Tensor | None = None) -> Teacher:
+        """Return the teacher of `last [B, T, H]`: its draft-vocabulary logits, and `argmax [B, T]` as given (a
+        store's, computed once) or, without one, recomputed over the full vocabulary (`TargetArgmax`, the
+        costly part for a large vocabulary: training always passes one)."""
+        normed = self.final_norm(last.to(self.draft_weight.dtype))  # [B, T, H]
         logits = (normed @ self.draft_weight.T).float()  # [B, T, N]
         if self.softcap:
             logits = torch.tanh(logits / self.softcap) * self.softcap
-        flat = normed.reshape(-1, normed.shape[-1])  # [B*T, H]
-        argmax = torch.cat([(rows @ self.weight.T).argmax(-1) for rows in flat.split(self.chunk_rows)])  # [B*T]
-        return Teacher(logits, argmax.view(normed.shape[:-1]))
+        return Teacher(logits, self.target_argmax(last) if argmax is None else argmax.to(logits.device))
 
 
 @dataclass

@@ -6,10 +6,12 @@ Each shard `shard-CCCCC.safetensors` holds a contiguous range of dataset samples
   aux        [N, A*H]         the A auxiliary hidden states, concatenated (A = len(layer_ids))
   last       [N, H]           the last layer's output before the final norm (teacher input)
   aux_scale  [N, A] float32   last_scale [N, 1] float32   (fp8 storage only, see fp8.py)
+  argmax     [N] int32        the target's greedy token after each position (`eyas.models.argmax`,
+                              computed from `last` as stored; format 2 on, absent from format-1 stores)
 where N is the shard's token count and S its sample count. `manifest.json` lists every shard
-with its size, sample range and sha256. `eyas verify` recomputes every checksum and reads every
-sample; `open_store`, through which `eyas train` reads, checks the same but the features as it
-opens the shards.
+with its size, sample range and sha256, and describes the argmax (`teacher_argmax`). `eyas verify`
+recomputes every checksum and reads every sample; `open_store`, through which `eyas train` reads,
+checks the same but the features as it opens the shards.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from eyas.features import fp8
 from eyas.files import reading, sha256_file, write_atomic
 from eyas.stage import MANIFEST_FILE, StageManifest
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: the per-token `argmax` (format 1 stores still read; training computes it)
 MANIFEST = MANIFEST_FILE
 StorageDtype = Literal["bf16", "fp8", "fp32"]
 TORCH_STORAGE = {"bf16": torch.bfloat16, "fp32": torch.float32, "fp8": fp8.FP8}
@@ -46,21 +48,31 @@ def shard_name(index: int) -> str:
 
 
 def bytes_per_token(hidden_size: int, num_aux: int, storage: StorageDtype) -> int:
-    """Return the stored bytes per token: features, ids, mask and (fp8) scales."""
+    """Return the stored bytes per token: features, ids, mask, argmax and (fp8) scales."""
     width = {"bf16": 2, "fp32": 4, "fp8": 1}[storage]
     scales = 4 * (num_aux + 1) if storage == "fp8" else 0
-    return (num_aux + 1) * hidden_size * width + scales + 4 + 1
+    return (num_aux + 1) * hidden_size * width + scales + 4 + 1 + 4
 
 
 @dataclass
 class SampleFeatures:
-    """Features of one sample: `input_ids [T]`, `loss_mask [T]`, `aux [T, A*H]`, `last [T, H]`."""
+    """Features of one sample: `input_ids [T]`, `loss_mask [T]`, `aux [T, A*H]`, `last [T, H]` and the
+    target's argmax `[T]` (target ids; computed from `last` as stored: `as_read`)."""
 
     sample_id: int
     input_ids: torch.Tensor
     loss_mask: torch.Tensor
     aux: torch.Tensor
     last: torch.Tensor
+    argmax: torch.Tensor | None = None
+
+
+def as_read(features: torch.Tensor, storage: StorageDtype, blocks: int) -> torch.Tensor:
+    """Return `features [N, D]` as a reader gets them back from a shard of `storage` (float32): rounded to the
+    storage dtype, or fp8-quantized with one scale per token and block (`blocks`: 1 for `last`)."""
+    if storage == "fp8":
+        return fp8.dequantize(*fp8.quantize(features, blocks)).float()
+    return features.to(TORCH_STORAGE[storage]).float()
 
 
 class ShardInfo(BaseModel):
@@ -71,6 +83,20 @@ class ShardInfo(BaseModel):
     tokens: int
     bytes: int
     first_sample: int
+
+
+ARGMAX_COMPUTED = ("argmax over the target's whole vocabulary of float32 logits lm_head(final_norm(last)), from `last` "
+                   "as stored; final norm in float32, LM-head weights as extraction loaded them (compute_dtype), soft cap "
+                   "left out (monotone), ties to the lowest id (eyas.models.argmax)")
+
+
+class ArgmaxInfo(BaseModel):
+    """How the shards' per-token `argmax` tensor was computed."""
+
+    tensor: Literal["argmax"] = "argmax"
+    dtype: Literal["int32"] = "int32"
+    vocab_size: int = Field(description="rows of the target's LM head: every stored id is below it")
+    computed: str = ARGMAX_COMPUTED
 
 
 class StoreManifest(StageManifest):
@@ -93,11 +119,15 @@ class StoreManifest(StageManifest):
     tokens: int
     bytes: int
     bytes_per_token: float
+    teacher_argmax: ArgmaxInfo | None = Field(None, description="the per-token argmax the shards hold (none: a "
+                                                                "format-1 store, extracted before eyas stored it)")
     shards: list[ShardInfo]
 
 
-def write_shard(path: Path, index: int, samples: list[SampleFeatures], storage: StorageDtype, num_aux: int) -> ShardInfo:
-    """Atomically write `samples` (in order) as one shard; return its manifest entry."""
+def write_shard(path: Path, index: int, samples: list[SampleFeatures], storage: StorageDtype, num_aux: int,
+                vocab_size: int | None = None) -> ShardInfo:
+    """Atomically write `samples` (in order) as one shard; return its manifest entry. With `vocab_size` (the
+    target's LM-head rows) every sample carries its argmax, written as `argmax`; without, none does."""
     lengths = torch.tensor([len(s.input_ids) for s in samples], dtype=torch.int64)
     tensors = {
         "input_ids": torch.cat([s.input_ids for s in samples]).to(torch.int32),  # [N]
@@ -112,24 +142,29 @@ def write_shard(path: Path, index: int, samples: list[SampleFeatures], storage: 
         tensors["last"], tensors["last_scale"] = fp8.quantize(last, 1)
     else:
         tensors["aux"], tensors["last"] = aux.to(TORCH_STORAGE[storage]), last.to(TORCH_STORAGE[storage])
-    metadata = {_METADATA_KEY: json.dumps({"index": index, "storage_dtype": storage, "num_aux": num_aux}, sort_keys=True)}
+    described = {"index": index, "storage_dtype": storage, "num_aux": num_aux}
+    if vocab_size is not None:
+        tensors["argmax"] = torch.cat([s.argmax for s in samples]).to(torch.int32)  # type: ignore[misc]  # [N]
+        described["vocab_size"] = vocab_size
+    metadata = {_METADATA_KEY: json.dumps(described, sort_keys=True)}
     tensors = {name: t.contiguous() for name, t in tensors.items()}
     write_atomic(path, lambda tmp: save_file(tensors, str(tmp), metadata=metadata))
     return ShardInfo(index=index, file=path.name, sha256=sha256_file(path), samples=len(samples),
                      tokens=int(lengths.sum()), bytes=path.stat().st_size, first_sample=samples[0].sample_id)
 
 
-def _storage_of(path: Path, metadata: dict[str, str] | None) -> StorageDtype:
-    """Return the storage dtype a shard's metadata records; refuses a shard without one (not written by
-    `write_shard`: its features could be any dtype)."""
+def _described(path: Path, metadata: dict[str, str] | None) -> tuple[StorageDtype, int | None]:
+    """Return the storage dtype and the argmax's vocabulary size (None: no argmax) a shard's metadata records;
+    refuses a shard without a storage dtype (not written by `write_shard`: its features could be any dtype)."""
     try:
-        storage = json.loads((metadata or {})[_METADATA_KEY])["storage_dtype"]
-    except (KeyError, TypeError, json.JSONDecodeError):
-        storage = None
+        described = json.loads((metadata or {})[_METADATA_KEY])
+        storage, vocab_size = described["storage_dtype"], described.get("vocab_size")
+    except (KeyError, TypeError, AttributeError, json.JSONDecodeError):
+        storage, vocab_size = None, None
     if storage not in TORCH_STORAGE:
         raise EyasError(f"{path}: metadata: no {_METADATA_KEY} storage_dtype ({'/'.join(TORCH_STORAGE)}), so its "
                         "features cannot be read; not a shard written by `eyas extract` (extract the store again)")
-    return storage
+    return storage, vocab_size if isinstance(vocab_size, int) and vocab_size > 0 else None
 
 
 class FeatureShard:
@@ -137,11 +172,12 @@ class FeatureShard:
 
     def __init__(self, path: Path) -> None:
         """Open the shard `path`; refuses one that cannot be read (missing, truncated, not safetensors) or
-        whose metadata does not record its storage dtype, in one line naming it."""
+        whose metadata does not record its storage dtype, in one line naming it. `vocab_size` is the
+        target's, when the metadata describes an argmax (its `argmax` is then read with each sample)."""
         self.path = path
         with reading(path):
             self._file = safe_open(str(path), framework="pt")
-            self.storage: StorageDtype = _storage_of(path, self._file.metadata())
+            self.storage, self.vocab_size = _described(path, self._file.metadata())
             self.offsets = self._file.get_tensor("offsets")  # [S+1]
             self.sample_ids = self._file.get_tensor("sample_ids")  # [S]
 
@@ -155,12 +191,14 @@ class FeatureShard:
                     for name in self._file.keys()}
 
     def sample(self, position: int) -> dict[str, torch.Tensor]:
-        """Return the tensors of the shard's `position`-th sample (features in float32); refuses
-        features holding a NaN or an infinity, naming the shard and the sample id."""
+        """Return the tensors of the shard's `position`-th sample (features in float32, `argmax` int32 when the
+        shard holds one); refuses features holding a NaN or an infinity, and an argmax outside the target's
+        vocabulary, naming the shard and the sample id."""
         start, stop = int(self.offsets[position]), int(self.offsets[position + 1])
         out = {}
+        names = ("input_ids", "loss_mask", "aux", "last") + (("argmax",) if self.vocab_size is not None else ())
         with reading(self.path):
-            for name in ("input_ids", "loss_mask", "aux", "last"):
+            for name in names:
                 sliced = self._file.get_slice(name)[start:stop]
                 if name in ("aux", "last"):
                     if self.storage == "fp8":
@@ -171,6 +209,10 @@ class FeatureShard:
         if bad:
             raise EyasError(f"{self.path}: sample {int(self.sample_ids[position])}: {' and '.join(bad)} "
                             "features hold NaN or Inf; extract the store again (eyas extract --overwrite)")
+        if "argmax" in out and bool(((out["argmax"] < 0) | (out["argmax"] >= self.vocab_size)).any()):
+            raise EyasError(f"{self.path}: sample {int(self.sample_ids[position])}: argmax holds token ids outside "
+                            f"the target's vocabulary 0..{self.vocab_size - 1}; extract the store again "
+                            "(eyas extract --overwrite)")
         return out
 
 
@@ -204,8 +246,9 @@ def _span(ids: torch.Tensor) -> str:
 
 def _layout_problems(shard: FeatureShard, info: ShardInfo, manifest: StoreManifest) -> list[str]:
     """Return how an opened shard differs from its manifest entry `info`: storage dtype, tensor shapes and
-    dtypes, sample ids other than the entry's consecutive samples, offsets not running from 0 to its tokens.
-    Reads the header, `sample_ids` and `offsets` only."""
+    dtypes, an argmax missing or of another vocabulary than the manifest's `teacher_argmax` (or one it does
+    not describe), sample ids other than the entry's consecutive samples, offsets not running from 0 to its
+    tokens. Reads the header, `sample_ids` and `offsets` only."""
     path, width = shard.path, len(manifest.layer_ids) * manifest.hidden_size
     if shard.storage != manifest.storage_dtype:
         return [f"{path}: storage dtype {shard.storage} but the manifest says {manifest.storage_dtype}"]
@@ -218,6 +261,7 @@ def _layout_problems(shard: FeatureShard, info: ShardInfo, manifest: StoreManife
                 for name, shape in expected.items() if shapes.get(name) != shape]
     problems += [f"{path}: {name}: dtype {dtype} but the manifest says {manifest.storage_dtype}"
                  for name, dtype in dtypes.items() if dtype != SAFETENSORS_DTYPE[manifest.storage_dtype]]
+    problems += _argmax_problems(shard, info, manifest.teacher_argmax, header)
     if problems:
         return problems
     listed = torch.arange(info.first_sample, info.first_sample + info.samples)  # [S]
@@ -227,6 +271,24 @@ def _layout_problems(shard: FeatureShard, info: ShardInfo, manifest: StoreManife
     offsets = shard.offsets  # [S+1]
     if int(offsets[0]) != 0 or int(offsets[-1]) != info.tokens or bool((offsets.diff() < 0).any()):
         problems.append(f"{path}: offsets: do not run from 0 up to its {info.tokens} tokens")
+    return problems
+
+
+def _argmax_problems(shard: FeatureShard, info: ShardInfo, described: ArgmaxInfo | None,
+                     header: dict[str, tuple[list[int], str]]) -> list[str]:
+    """Return how a shard's `argmax` tensor and metadata differ from the manifest's description `described`."""
+    path, held = shard.path, header.get("argmax")
+    if described is None:
+        return [] if held is None and shard.vocab_size is None else [
+            f"{path}: argmax: in the shard, but the manifest describes none (a shard of another store?)"]
+    if held is None:
+        return [f"{path}: argmax: missing, but the manifest's teacher_argmax says every shard holds it"]
+    problems = []
+    if held != ([info.tokens], "I32"):
+        problems.append(f"{path}: argmax: shape {held[0]} {held[1]} but the manifest implies [{info.tokens}] I32")
+    if shard.vocab_size != described.vocab_size:
+        held_vocab = "no vocabulary" if shard.vocab_size is None else f"a vocabulary of {shard.vocab_size}"
+        problems.append(f"{path}: metadata: argmax over {held_vocab} but the manifest says {described.vocab_size}")
     return problems
 
 
@@ -275,11 +337,13 @@ def open_store(store: Path, manifest: StoreManifest, checksums: bool = True) -> 
 
     Refuses, in one line naming the first shard that differs and how (exit 2), what `eyas verify` would
     report before reading a feature: a store holding no samples, a manifest that contradicts itself, a
-    shard missing, of another size, unreadable, or holding other tensors, sample ids or offsets than its
-    entry lists (`shard_problems`: header, sample ids and offsets only); with `checksums`, also a shard
-    whose sha256 is not the manifest's (each shard is read once more, on as many threads as there are
-    cores: bench/store_open.py).
-    Non-finite features are refused as each sample is read (`FeatureShard.sample`).
+    shard missing, of another size, unreadable, or holding other tensors (an argmax missing, of another
+    dtype or vocabulary, or one the manifest does not describe), sample ids or offsets than its entry
+    lists (`shard_problems`: header, metadata, sample ids and offsets only); with `checksums`, also a
+    shard whose sha256 is not the manifest's (each shard is read once more, on as many threads as there
+    are cores: bench/store_open.py).
+    Non-finite features and argmax ids outside the vocabulary are refused as each sample is read
+    (`FeatureShard.sample`).
     """
     if manifest.samples == 0:
         raise EyasError(f"{store}: holds no samples (extracted from {manifest.dataset_path}, a dataset without a "
@@ -303,8 +367,8 @@ def open_store(store: Path, manifest: StoreManifest, checksums: bool = True) -> 
 
 
 def _nonfinite_samples(path: Path) -> list[str]:
-    """Return one problem per sample of the shard `path` whose features hold a NaN or an infinity (or the
-    one problem of a shard that cannot be read)."""
+    """Return one problem per sample of the shard `path` that `FeatureShard.sample` refuses (features holding
+    a NaN or an infinity, an argmax outside the vocabulary), or the one problem of a shard that cannot be read."""
     try:
         shard, problems = FeatureShard(path), []
     except EyasError as error:
@@ -321,8 +385,9 @@ def verify_store(store: Path) -> list[str]:
     """Return every problem found in `store` (empty when it is intact).
 
     Checks the manifest against itself, that no shard file is missing or unlisted, each shard against
-    its entry (`shard_problems`: size, tensors, sample ids, offsets), recomputes each sha256, and that
-    every sample's features are finite (one problem per sample holding a NaN or an infinity).
+    its entry (`shard_problems`: size, tensors and the argmax, sample ids, offsets), recomputes each
+    sha256, and that every sample's features are finite and its argmax ids inside the vocabulary (one
+    problem per sample that is not).
     """
     try:
         manifest = read_store_manifest(store)

@@ -78,7 +78,8 @@ class PackedBatch:
     """Rows of packed samples, right-padded to the longest row `L`.
 
     `input_ids [B, L]`, `loss_mask [B, L]` bool, `doc_ids [B, L]` (-1 for padding),
-    `position_ids [B, L]` (restarting at 0 per sample), `aux [B, L, A*H]`, `last [B, L, H]`.
+    `position_ids [B, L]` (restarting at 0 per sample), `aux [B, L, A*H]`, `last [B, L, H]`, and
+    `argmax [B, L]` (the target's full-vocabulary argmax, target ids; 0 for padding).
     """
 
     input_ids: torch.Tensor
@@ -87,6 +88,7 @@ class PackedBatch:
     position_ids: torch.Tensor
     aux: torch.Tensor
     last: torch.Tensor
+    argmax: torch.Tensor
 
     def to(self, device: torch.device | str) -> PackedBatch:
         return PackedBatch(*(t.to(device, non_blocking=True) for t in vars(self).values()))
@@ -97,7 +99,8 @@ class PackedBatch:
 
 
 def collate(rows: list[list[dict[str, torch.Tensor]]]) -> PackedBatch:
-    """Return the packed batch of `rows`, each a list of samples (`input_ids`, `loss_mask`, `aux`, `last`)."""
+    """Return the packed batch of `rows`, each a list of samples (`input_ids`, `loss_mask`, `aux`, `last`,
+    `argmax`)."""
     widths = [sum(len(s["input_ids"]) for s in row) for row in rows]
     B, L = len(rows), max(widths)
     first = rows[0][0]
@@ -106,6 +109,7 @@ def collate(rows: list[list[dict[str, torch.Tensor]]]) -> PackedBatch:
         doc_ids=torch.full((B, L), -1, dtype=torch.long), position_ids=torch.zeros(B, L, dtype=torch.long),
         aux=torch.zeros(B, L, first["aux"].shape[-1], dtype=first["aux"].dtype),
         last=torch.zeros(B, L, first["last"].shape[-1], dtype=first["last"].dtype),
+        argmax=torch.zeros(B, L, dtype=torch.long),
     )
     for b, row in enumerate(rows):
         start = 0
@@ -117,5 +121,6 @@ def collate(rows: list[list[dict[str, torch.Tensor]]]) -> PackedBatch:
             batch.position_ids[b, start:stop] = torch.arange(stop - start)
             batch.aux[b, start:stop] = sample["aux"]
             batch.last[b, start:stop] = sample["last"]
+            batch.argmax[b, start:stop] = sample["argmax"]
             start = stop
     return batch
