@@ -30,6 +30,8 @@ def print_prepare_summary(out: Path, manifest: DatasetManifest, reused: bool) ->
                        ("tokens", "tokens"), ("loss-masked tokens", "loss_tokens"), ("truncated", "truncated"),
                        ("dropped (no loss tokens left)", "dropped_no_loss"), ("skipped (invalid)", "skipped")):
         table.add_row(label, f"{counts.get(key, 0):,}")
+    if unrendered := counts.get("reasoning_not_rendered", 0):
+        table.add_row("reasoning not rendered by the chat template (records; not trained on)", f"{unrendered:,}")
     for reason, count in manifest.skipped.items():
         table.add_row(f"  skipped: {reason}", f"{count:,}")
     if manifest.vocab is not None:

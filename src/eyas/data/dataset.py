@@ -50,6 +50,7 @@ class ShardStats(BaseModel):
     loss_tokens: int = 0
     truncated: int = 0
     dropped_no_loss: int = 0
+    reasoning_not_rendered: int = 0  # records with assistant reasoning the chat template did not render
     skipped: dict[str, int] = Field(default_factory=dict)
     skipped_examples: list[str] = Field(default_factory=list)
     data_file: str | None = None

@@ -1,11 +1,13 @@
-"""Read raw records from JSON/JSONL files, directories of them, and local HF `datasets` dirs.
+"""Read raw records from JSON/JSONL, Parquet and Arrow files, directories of them, and local HF `datasets` dirs.
 
-Every record comes with its location (`file:line`, or `dir:row` for a datasets dir) so that
-any later error can name it. A record that cannot be decoded (malformed JSON, a line that is not
+Every record comes with its location (`file:line`; `file:rowN` for a Parquet or Arrow file and
+`dir:rowN` for a datasets dir, rows numbered from 0) so that any later error can name it. A row of
+a columnar file is read as the JSON object its columns make, a null column or struct field being
+absent (Arrow holds every column for every row, null where a record lacks it). A record that cannot be decoded (malformed JSON, a line that is not
 UTF-8, nesting too deep to parse, an integer too long to convert) is reported as an `InputError` in
 the stream rather than raised, so that the caller decides between stopping and `--skip-invalid`.
-A file that cannot be read at all (permissions, I/O errors, a `.json` document that is not UTF-8)
-is refused as one `UnreadableInput` line naming it.
+A file that cannot be read at all (permissions, I/O errors, a `.json` document that is not UTF-8, a
+corrupt Parquet or Arrow file) is refused as one `UnreadableInput` line naming it.
 """
 
 from __future__ import annotations
@@ -18,10 +20,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from eyas.errors import EyasError, InputError, where
+from eyas.errors import EyasError, InputError, UnreadableInput, where
 from eyas.files import reading
 
-DATA_SUFFIXES = (".jsonl", ".json")
+DATA_SUFFIXES = (".jsonl", ".json", ".parquet", ".arrow")
+_COLUMNAR_BATCH = 1024  # rows decoded into Python at a time
 _DATASETS_MARKERS = ("dataset_info.json", "state.json", "dataset_dict.json")
 _JSON_SPACE = " \t\r\n"
 _REST_UNREADABLE = "; rest of file unreadable"  # after a bad array element its end cannot be found
@@ -49,8 +52,9 @@ def _identity(path: Path) -> tuple[int, int]:
 
 
 def _data_files(root: Path) -> list[Path]:
-    """Return the .json/.jsonl files under the directory `root`, in sorted order, symlinked
-    directories followed (named by the link's path); refuses a directory symlink that leads back to
+    """Return the data files (DATA_SUFFIXES) and datasets dirs under the directory `root`, in sorted
+    order, symlinked directories followed (named by the link's path), a datasets dir taken whole;
+    refuses a directory symlink that leads back to
     one of its own ancestors (a loop), a link to itself, a broken link named as data (`x.jsonl`) and a
     directory that cannot be listed."""
     found: list[Path] = []
@@ -63,7 +67,9 @@ def _data_files(root: Path) -> list[Path]:
             path = Path(entry.path)
             with reading(path):  # a link to itself fails with ELOOP; a broken link is neither
                 is_dir = entry.is_dir()
-            if is_dir:
+            if is_dir and is_datasets_dir(path):
+                found.append(path)
+            elif is_dir:
                 identity = _identity(path)
                 if identity in ancestors:
                     raise EyasError(f"{path}: a symlink loop: it leads back to {ancestors[identity]} (--data)")
@@ -89,14 +95,15 @@ def expand_inputs(paths: list[Path]) -> list[Path]:
             raise EyasError(f"{path}: no such file or directory (--data)")
         if path.is_file():
             if path.suffix not in DATA_SUFFIXES:
-                raise EyasError(f"{path}: unsupported data file (expected .json or .jsonl)")
+                raise EyasError(f"{path}: unsupported data file (expected .json, .jsonl, .parquet or .arrow)")
             found.append(path)
         elif is_datasets_dir(path):
             found.append(path)
         else:
             inside = _data_files(path)
             if not inside:
-                raise EyasError(f"{path}: directory holds no .json/.jsonl files and is not a datasets dir")
+                raise EyasError(f"{path}: directory holds no .json/.jsonl files, no .parquet/.arrow files and no "
+                                "datasets dir")
             found.extend(inside)
     return found
 
@@ -237,11 +244,58 @@ def _read_datasets_dir(path: Path) -> Iterator[RawRecord]:
         prefix = f"{path}/{name}" if name else str(path)
         with reading(path):
             for row, value in enumerate(split):
-                yield RawRecord(where(prefix, f"row{row}"), value)
+                yield RawRecord(where(prefix, f"row{row}"), without_nulls(value))
+
+
+def without_nulls(value: Any) -> Any:
+    """Return `value` (a row of a columnar file) with every null-valued object key left out, at any depth."""
+    if isinstance(value, dict):
+        return {key: without_nulls(item) for key, item in value.items() if item is not None}
+    if isinstance(value, list):
+        return [without_nulls(item) for item in value]
+    return value
+
+
+def _batches(path: Path) -> Iterator[Any]:
+    """Yield the record batches of a Parquet file, or of an Arrow IPC file or stream (the stream is what
+    `datasets` writes); raises `UnreadableInput` for a file pyarrow cannot read."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    with reading(path):
+        if path.suffix == ".parquet":
+            yield from pq.ParquetFile(path).iter_batches(batch_size=_COLUMNAR_BATCH)
+            return
+        try:
+            yield from _ipc_batches(path)
+        except pa.ArrowInvalid as error:  # `reading` would call any pyarrow file a Parquet file
+            raise UnreadableInput(path, f"not a readable Arrow file ({str(error).splitlines()[0]})") from None
+
+
+def _ipc_batches(path: Path) -> Iterator[Any]:
+    import pyarrow as pa
+
+    source = pa.memory_map(str(path))
+    try:
+        reader = pa.ipc.open_file(source)
+    except pa.ArrowInvalid:  # not the file format: the stream format has no footer
+        source.seek(0)
+        yield from pa.ipc.open_stream(source)
+        return
+    for index in range(reader.num_record_batches):
+        yield reader.get_batch(index)
+
+
+def _read_columnar(path: Path) -> Iterator[RawRecord]:
+    row = 0
+    for batch in _batches(path):
+        for value in batch.to_pylist():
+            yield RawRecord(where(path, f"row{row}"), without_nulls(value))
+            row += 1
 
 
 def read_records(path: Path) -> Iterator[RawRecord]:
-    """Yield every record of one input (a .jsonl/.json file or a datasets dir) in file order.
+    """Yield every record of one input (a .jsonl/.json/.parquet/.arrow file or a datasets dir) in file order.
 
     A record that cannot be decoded comes as an InputError value; a file that cannot be read raises
     `UnreadableInput` naming it.
@@ -250,6 +304,8 @@ def read_records(path: Path) -> Iterator[RawRecord]:
         return _read_datasets_dir(path)
     if path.suffix == ".jsonl":
         return _read_jsonl(path)
+    if path.suffix in (".parquet", ".arrow"):
+        return _read_columnar(path)
     return _read_json(path)
 
 
@@ -260,4 +316,11 @@ def count_records(path: Path) -> int:
         return sum(len(split) for _, split in _datasets_splits(path))
     if path.suffix == ".jsonl":
         return sum(1 for _ in text_lines(path))
+    if path.suffix == ".parquet":
+        import pyarrow.parquet as pq
+
+        with reading(path):
+            return pq.ParquetFile(path).metadata.num_rows
+    if path.suffix == ".arrow":
+        return sum(batch.num_rows for batch in _batches(path))
     return sum(1 for _ in read_records(path))
