@@ -7,6 +7,11 @@ prefill 6x slower than float32 on an AVX2 EPYC. float16 on a CPU is native only 
 or AMX-FP16. So `auto` resolves to bfloat16 on such devices and to float32 everywhere else; an
 explicit dtype is honoured, with one warning when this CPU emulates it.
 
+A target that is a quantized (packed) GGUF file runs in float32 under `auto` on any device: its
+weights dequantize exactly into float32 (bfloat16 would round every one), and where transformers
+keeps them packed its kernels compute in float32, casting a bfloat16 model's every matmul input and
+output (transformers says so when loading). A directory `eyas materialise` wrote follows the rule above.
+
 The resolved choice and its reason are printed once per process (the demo runs several stages in
 one process) and recorded in each stage's resolved config and manifest or report (`Precision.record`).
 torch is imported on first use: the configs import this module, and `eyas audit` needs no torch.
@@ -160,14 +165,30 @@ def _native(dtype: str, device: str) -> tuple[bool, str]:
     return False, f"this CPU (torch capability {features.capability}) has no AVX-512-FP16 or AMX-FP16: float16 is emulated"
 
 
-def choose_dtype(requested: str, device: str | None) -> Precision:
-    """Return the dtype a stage asked for `requested` runs in on `device` (None: cuda if present, else cpu).
+def _packed_gguf(target: Path | None) -> bool:
+    """Return whether `target` is a GGUF file holding quantized (block) tensors; refuses an unreadable GGUF."""
+    from eyas.models.fingerprint import is_gguf
 
-    `auto` gives bfloat16 where the device computes it natively and float32 otherwise; an explicit
-    dtype is kept (`emulated` when this device does not compute it natively). Refuses nothing: any
-    dtype runs, emulated ones slowly. Says nothing: `Precision.announce` does, once the stage starts.
+    if target is None or not is_gguf(target) or not target.is_file():
+        return False
+    from eyas.models.gguf_file import read_gguf_metadata
+
+    return read_gguf_metadata(target).packed
+
+
+def choose_dtype(requested: str, device: str | None, target: Path | None = None) -> Precision:
+    """Return the dtype a stage asked for `requested` runs in on `device` (None: cuda if present, else cpu)
+    for the model `target` (where the stage runs a target).
+
+    `auto` gives float32 for a quantized GGUF target, else bfloat16 where the device computes it natively
+    and float32 otherwise; an explicit dtype is kept (`emulated` when this device does not compute it
+    natively). Refuses only an unreadable GGUF target: any dtype runs, emulated ones slowly. Says nothing:
+    `Precision.announce` does, once the stage starts.
     """
     kind = _device_kind(device)
+    if requested == AUTO and _packed_gguf(target):
+        return Precision(AUTO, "float32", f"{target.name} is a quantized GGUF: its weights dequantize exactly into "  # type: ignore[union-attr]
+                         "float32, and transformers computes packed GGUF weights in float32", emulated=False)
     if requested == AUTO:
         native, why = _native("bfloat16", kind)
         return Precision(AUTO, "bfloat16" if native else "float32", why, emulated=False)

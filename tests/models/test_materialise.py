@@ -9,40 +9,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from eyas.errors import EyasError
 from eyas.files import sha256_tree
 from eyas.models.default import default_gguf, default_target
 from eyas.models.fingerprint import target_fingerprint
-from eyas.models.materialise import READY, llama_config, materialise_gguf, tokenizer_files
+from eyas.models.materialise import READY, materialise_gguf, tokenizer_files
 from eyas.models.tokenizer import load_tokenizer
 
-LLAMA = {"model_type": "llama", "vocab_size": 100, "hidden_size": 8, "intermediate_size": 16, "num_hidden_layers": 2,
-         "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 4, "hidden_act": "silu",
-         "max_position_embeddings": 64, "rms_norm_eps": 1e-5, "tie_word_embeddings": True, "attention_bias": False,
-         "mlp_bias": False, "bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 2}
 TEXTS = ["def add(a, b):\n    return a + b\n", "  leading spaces, tabs\tand\nnewlines\n\n", "Ünïcödé ✓ — 東京 🦅",
          "<|im_start|>user\nHi<|im_end|>\n"]
-
-
-def test_both_transformers_lines_spell_the_same_config() -> None:
-    five = llama_config({**LLAMA, "rope_parameters": {"rope_theta": 100000.0, "rope_type": "default"}}, Path("x.gguf"))
-    four = llama_config({**LLAMA, "rope_theta": 100000.0, "rope_scaling": None}, Path("x.gguf"))
-    assert five == four and five["rope_theta"] == 100000.0 and five["architectures"] == ["LlamaForCausalLM"]
-    assert "rope_parameters" not in five  # transformers 4.57 ignores it and would fall back to its default base
-
-
-@pytest.mark.parametrize(("change", "message"), [
-    ({"model_type": "qwen2"}, "model_type 'qwen2': only Llama GGUF targets are materialised"),
-    ({"rope_parameters": {"rope_theta": 1e4, "rope_type": "yarn"}}, "only plain rotary embeddings"),
-    ({"hidden_size": None}, None),
-])
-def test_other_architectures_and_scaled_rope_are_refused(change: dict, message: str | None) -> None:
-    config = {**LLAMA, "rope_theta": 1e4, **change}
-    if change.get("hidden_size", 0) is None:
-        del config["hidden_size"]
-        message = "lacks hidden_size"
-    with pytest.raises(EyasError, match=message):
-        llama_config(config, Path("x.gguf"))
 
 
 def test_a_byte_level_tokenizer_without_a_decoder_gets_one(tiny_targets) -> None:

@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, PositiveInt, ValidationError
 
 from eyas.errors import EyasError
 from eyas.files import read_json_object
-from eyas.models.fingerprint import TargetFingerprint
+from eyas.models.fingerprint import OTHER_VERSION, TargetFingerprint
 from eyas.models.layers import layer_id_problems
 
 ARCHITECTURE = "EyasEagle3Draft"
@@ -122,7 +122,11 @@ def _fingerprint_problems(trained_for: TargetFingerprint | None, fingerprint: Ta
     differs = [k for k in ("config", "tokenizer", "chat_template", "weights")
                if getattr(trained_for, k) != getattr(fingerprint, k)]
     which = ", ".join(differs) or "vocab size"
-    return [f"target: trained for fingerprint {trained_for.id[:12]}, this target is {fingerprint.id[:12]} ({which} differ)"]
+    if trained_for.same_file_otherwise_hashed(fingerprint):
+        which += f" differ: {OTHER_VERSION}; the draft likely fits, but eyas cannot tell: rerun `eyas train` with this eyas"
+    else:
+        which += " differ"
+    return [f"target: trained for fingerprint {trained_for.id[:12]}, this target is {fingerprint.id[:12]} ({which})"]
 
 
 def target_problems(config: DraftConfig, fingerprint: TargetFingerprint | None, target_config: Any,

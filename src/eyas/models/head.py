@@ -115,7 +115,10 @@ def load_target_head(target: Path, dtype: torch.dtype, device: str, trust_remote
     or `.bin` target, or a final norm with buffers, cannot be read tensor by tensor: that target
     is loaded whole, said in one line on stderr.
     """
-    if is_gguf(target) or not any(target.glob("*.safetensors")):
+    if is_gguf(target):
+        return _load_whole(target, dtype, device, trust_remote_code, "a GGUF file cannot be read tensor by tensor "
+                           "(`eyas materialise` writes one as a directory that can, the same target at float32)")
+    if not any(target.glob("*.safetensors")):
         return _load_whole(target, dtype, device, trust_remote_code, "no safetensors weights to read tensors from")
     config = load_config(target, trust_remote_code)
     meta = build_meta_target(config, dtype)
