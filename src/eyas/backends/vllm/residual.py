@@ -19,6 +19,7 @@ the records of each forward for the engine's caller.
 
 from __future__ import annotations
 
+import inspect
 from pathlib import Path
 from typing import Any
 
@@ -54,17 +55,23 @@ class ResidualCapture:
         self._handles = [(model if entry is None else entry).register_forward_pre_hook(self._on_model, with_kwargs=True)]
         for layer_id in self.layer_ids:
             if layer_id < len(layers):
-                self._handles.append(layers[layer_id].register_forward_pre_hook(self._on_layer(layer_id), with_kwargs=True))
+                self._handles.append(layers[layer_id].register_forward_pre_hook(self._on_layer(layer_id, layers[layer_id]),
+                                                                                with_kwargs=True))
         self._handles.append(model.norm.register_forward_pre_hook(self._on_norm, with_kwargs=True))
 
     def _on_model(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         self._current = {}
         self._token_ids = _argument(args, kwargs, "input_ids", 0)
 
-    def _on_layer(self, layer_id: int):  # noqa: ANN202 - a torch hook closure
+    def _on_layer(self, layer_id: int, layer: nn.Module):  # noqa: ANN202 - a torch hook closure
+        # most vLLM layers take (positions, hidden_states, residual), GPT-OSS's (hidden_states, positions, residual):
+        # positions by the layer's own signature where it names them
+        names = list(inspect.signature(layer.forward).parameters)
+        order = names if {"hidden_states", "residual"} <= set(names) else ["positions", "hidden_states", "residual"]
+
         def hook(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-            hidden = _argument(args, kwargs, "hidden_states", 1)  # [T, H]
-            self._current[layer_id] = _stream(hidden, _argument(args, kwargs, "residual", 2))
+            hidden = _argument(args, kwargs, "hidden_states", order.index("hidden_states"))  # [T, H]
+            self._current[layer_id] = _stream(hidden, _argument(args, kwargs, "residual", order.index("residual")))
 
         return hook
 

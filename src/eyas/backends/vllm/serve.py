@@ -14,8 +14,9 @@ from vllm import LLM, SamplingParams
 from vllm.inputs import TokensPrompt
 from vllm.v1.metrics.reader import Counter, Vector
 
-from eyas.backends.vllm.engine import base_arguments, shutdown
+from eyas.backends.vllm.engine import base_arguments, shutdown, start
 from eyas.backends.vllm.metrics import Snapshot
+from eyas.backends.vllm.startup import ModelImpl
 
 
 @dataclass(frozen=True)
@@ -34,12 +35,16 @@ def ngram_method(tokens: int, lookup_max: int) -> dict[str, object]:
 
 
 class VllmEngine:
-    """One vLLM engine over a local model directory, optionally speculative; `with` closes it."""
+    """One vLLM engine over a local model directory, optionally speculative; `with` closes it. An engine that does
+    not start is refused in one line (`engine.start`)."""
 
     def __init__(self, target: Path, dtype: str, device: str, max_model_len: int, trust_remote_code: bool = False,
-                 speculative: dict[str, object] | None = None, seed: int = 0) -> None:
-        self.llm = LLM(**base_arguments(target, dtype, device, max_model_len, trust_remote_code, seed),
-                       speculative_config=speculative, disable_log_stats=False)
+                 speculative: dict[str, object] | None = None, seed: int = 0, model_impl: ModelImpl = "auto") -> None:
+        draft = (speculative or {}).get("model")
+        subject = f"{target} with the EAGLE-3 draft {draft}" if draft else target
+        self.llm: LLM = start(subject, {**base_arguments(target, dtype, device, max_model_len, trust_remote_code, seed,
+                                                   model_impl),
+                                  "speculative_config": speculative, "disable_log_stats": False})
 
     def generate(self, rows: list[list[int]], max_new_tokens: int, temperature: float, top_p: float, top_k: int,
                  stop_ids: set[int], seeds: list[int]) -> list[Completion]:
