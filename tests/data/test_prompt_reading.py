@@ -85,7 +85,7 @@ def test_without_a_chat_template_a_prompt_is_raw_text_and_messages_are_refused(t
     tokenizer = load_tokenizer(tiny_targets["notemplate"])
     encoder = ChatEncoder(tokenizer, {}, False, "t")
     assert encoder.prompt_ids(Prompt("t:1", prompt=QUESTION), "t:1") == tokenizer(QUESTION)["input_ids"]
-    with pytest.raises(EyasError, match=r"^p:3: messages: the target's tokenizer has no chat template$"):
+    with pytest.raises(EyasError, match=r"^p:3: messages: the target's tokenizer has no chat template \(give one with --chat-template FILE\)$"):
         encoder.prompt_ids(Prompt("t:1", turns=SYSTEM_AND_USER), "p:3")
 
 

@@ -18,7 +18,7 @@ from typing import TypeVar
 from safetensors.numpy import load_file, save_file
 
 from eyas import __version__
-from eyas.config import PrepareConfig
+from eyas.config import PrepareConfig, recorded_section
 from eyas.data import dataset as ds
 from eyas.data.chat_tokens import ChatEncoder, Encoded
 from eyas.data.records import Conversation, Document, Prompt, parse_record
@@ -28,8 +28,8 @@ from eyas.errors import EyasError, InputError
 from eyas.files import reading, sha256_file, sha256_text, sha256_tree, write_atomic, write_json_atomic, write_text_atomic
 from eyas.progress import stage_progress
 from eyas.stage import Stage
-from eyas.models.fingerprint import TargetFingerprint, target_fingerprint
-from eyas.models.tokenizer import load_tokenizer
+from eyas.models.fingerprint import OTHER_VERSION, TargetFingerprint, target_fingerprint
+from eyas.models.tokenizer import load_tokenizer, template_in_use, template_mismatch
 
 MAX_SKIPPED_EXAMPLES = 20
 Item = TypeVar("Item")
@@ -50,6 +50,36 @@ def _identities(target: TargetFingerprint, inputs: list[dict[str, str]]) -> dict
     """Return what, besides the deciding config fields, decides the dataset's bytes (not the paths)."""
     return {"format_version": ds.FORMAT_VERSION, "tokenizer": target.tokenizer, "chat_template": target.chat_template,
             "vocab_size": target.vocab_size, "inputs": [i["sha256"] for i in inputs]}
+
+
+def recorded_template(out_dir: Path, stage: str) -> str | None:
+    """Return how the `stage` run that wrote `out_dir` gave its chat template (`template_in_use`), from the
+    config it recorded there; None when it recorded none that can be read."""
+    section = recorded_section(out_dir, stage)
+    if section is None:
+        return None
+    given = section.get("chat_template")
+    return template_in_use(Path(given) if isinstance(given, str) else None)
+
+
+def dataset_target_problem(dataset_dir: Path, manifest: ds.DatasetManifest, target: Path,
+                           fingerprint: TargetFingerprint, chat_template: Path | None) -> str | None:
+    """Return why the dataset in `dataset_dir` (its `manifest`) cannot feed a run on `target` that tokenizes as
+    `fingerprint` (its `chat_template` applied), or None when it can. Another chat template alone is named
+    (the dataset's, as its `eyas prepare` recorded it, and this run's) with the way out; another tokenizer
+    or vocabulary asks for `eyas prepare` again."""
+    if manifest.target.tokenization_matches(fingerprint):
+        return None
+    where = f"{dataset_dir / ds.MANIFEST}: target"
+    mismatch = template_mismatch("the dataset", manifest.target, fingerprint, chat_template,
+                                 recorded_template(dataset_dir, PREPARE.name))
+    if mismatch is not None:
+        return f"{where}: {mismatch}"
+    if manifest.target.same_file_otherwise_hashed(fingerprint):
+        return (f"{where}: {OTHER_VERSION} ({manifest.target_path}): the dataset is likely fine, but eyas cannot tell; "
+                f"rerun `eyas prepare --target {target}`")
+    return (f"{where}: the dataset was prepared for another tokenizer or chat template ({manifest.target_path}); "
+            f"rerun `eyas prepare --target {target}`")
 
 
 def _finished_part(out: Path) -> tuple[ds.DatasetManifest | None, list[ds.ShardStats]]:
@@ -88,6 +118,7 @@ class _ShardBuilder:
         return encoded
 
     def _finish_row(self, stats: ds.ShardStats, row: Encoded) -> Encoded | None:
+        stats.reasoning_not_rendered += row.unrendered_reasoning
         limit = self.config.max_length
         if limit is not None and len(row.input_ids) > limit:
             stats.truncated += 1
@@ -146,7 +177,8 @@ def _summed(shards: list[ds.ShardStats]) -> tuple[dict[str, int], dict[str, int]
     skipped: Counter[str] = Counter()
     examples: list[str] = []
     for shard in shards:
-        for key in ("records", "rows", "prompts", "tokens", "loss_tokens", "truncated", "dropped_no_loss"):
+        for key in ("records", "rows", "prompts", "tokens", "loss_tokens", "truncated", "dropped_no_loss",
+                    "reasoning_not_rendered"):
             counts[key] += getattr(shard, key)
         skipped.update(shard.skipped)
         examples.extend(shard.skipped_examples)
@@ -186,7 +218,7 @@ def run_prepare(config: PrepareConfig) -> tuple[ds.DatasetManifest, bool]:
     Raises EyasError/InputError for bad inputs before or during the run.
     """
     inputs_paths = expand_inputs(config.data)
-    tokenizer = load_tokenizer(config.target, config.trust_remote_code)
+    tokenizer = load_tokenizer(config.target, config.trust_remote_code, config.chat_template)
     target = target_fingerprint(config.target, tokenizer)
     inputs = [_input_entry(p) for p in inputs_paths]
     run = PREPARE.claim(config, _identities(target, inputs))

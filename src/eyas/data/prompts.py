@@ -7,8 +7,10 @@ writes it into a dataset's `prompts-*.jsonl`). Blank lines are skipped. A bad li
 with one line naming file, line and field, or, when the caller skips bad records, is listed.
 
 Every prompt becomes token ids through `ChatEncoder.prompt_ids`: the chat template `eyas prepare`
-trains with, its `chat_template_kwargs` included, with the generation prompt. The target stops at
-`eos_ids`, and `generate_kwargs` are what transformers' `generate` is told about stopping and sampling.
+trains with, its `chat_template_kwargs` included, with the generation prompt; read as raw text
+(`raw_text`, `eyas regenerate --mode text`), a `"prompt"` is tokenized as is, like `"text"`. The
+target stops at `eos_ids` plus the `extra_stop_ids` a run asks for, and `generate_kwargs` are what
+transformers' `generate` is told about stopping and sampling.
 """
 
 from __future__ import annotations
@@ -69,12 +71,14 @@ def _lines(files: list[Path]) -> Iterator[tuple[str, str]]:
 
 
 def _read_one(line: str, where: str, encoder: ChatEncoder, kinds: tuple[str, ...],
-              check: Callable[[Prompt], str | None]) -> Prompt:
+              check: Callable[[Prompt], str | None], raw_text: bool) -> Prompt:
     try:
         record = load_json_line(where, line)
     except json.JSONDecodeError as error:
         raise EyasError(f"{where}: not JSON ({error.msg})") from None
     prompt = parse_prompt(record, where, kinds)
+    if raw_text:
+        prompt = _as_text(prompt, where)
     prompt = replace(prompt, ids=encoder.prompt_ids(prompt, where))
     problem = check(prompt)
     if problem is not None:
@@ -82,12 +86,21 @@ def _read_one(line: str, where: str, encoder: ChatEncoder, kinds: tuple[str, ...
     return prompt
 
 
+def _as_text(prompt: Prompt, where: str) -> Prompt:
+    """Return `prompt` as raw text (a `"prompt"` becomes `"text"`); refuses a chat (`"messages"`)."""
+    if prompt.turns is not None:
+        raise EyasError(f"{where}: messages: a chat, and this run continues raw text (prompt or text records); "
+                        "a chat needs a chat template (--chat-template FILE, --mode chat)")
+    return prompt if prompt.text is not None else Prompt(prompt.source, text=prompt.prompt)
+
+
 def read_prompt_files(files: list[Path], encoder: ChatEncoder, kinds: tuple[str, ...] = KINDS,
                       limit: int | None = None, skip_invalid: bool = False,
-                      check: Callable[[Prompt], str | None] = lambda prompt: None,
+                      check: Callable[[Prompt], str | None] = lambda prompt: None, raw_text: bool = False,
                       ) -> tuple[list[Prompt], list[dict[str, str]]]:
     """Return the first `limit` (all when None) good prompts of `files`, in order, with their ids
     (`encoder.prompt_ids`), and the bad records as `{"where", "reason"}` (only with `skip_invalid`).
+    With `raw_text` every prompt is raw text: a `"prompt"` is read as `"text"`, a `"messages"` is bad.
 
     A record is bad when it is not JSON (or not UTF-8, nested too deeply, holds too long an integer),
     `parse_prompt` or `encoder.prompt_ids` refuses it, or `check` returns a problem (`"field: reason"`)
@@ -100,7 +113,7 @@ def read_prompt_files(files: list[Path], encoder: ChatEncoder, kinds: tuple[str,
         if limit is not None and len(prompts) >= limit:
             break
         try:
-            prompts.append(_read_one(line, where, encoder, kinds, check))
+            prompts.append(_read_one(line, where, encoder, kinds, check, raw_text))
         except EyasError as error:
             if not skip_invalid:
                 raise
@@ -137,6 +150,35 @@ def _stop_ids(generation_config: Any, tokenizer: Any) -> set[int]:
     if tokenizer.eos_token_id is not None:
         ids.add(int(tokenizer.eos_token_id))
     return ids
+
+
+def extra_stop_ids(target: Path, tokenizer: Any, ids: list[int], tokens: str | None) -> set[int]:
+    """Return the stop ids a run adds to the target's EOS ids: `ids` (`--stop-ids`) as given, and each of
+    the comma-separated `tokens` (`--stop-tokens`, each stripped of surrounding spaces) as the tokenizer
+    spells it: a vocabulary entry (`<end_of_turn>`), else text that encodes to exactly one token.
+
+    Refuses, in one line naming the flag and the value, an id outside the target's vocabulary (its
+    config's `vocab_size`) and a token the tokenizer does not have.
+    """
+    from eyas.models.fingerprint import config_vocab_size, read_model_config
+
+    vocab_size = config_vocab_size(target, read_model_config(target))
+    for token_id in ids:
+        if not 0 <= token_id < vocab_size:
+            raise EyasError(f"stop_ids: {token_id} is outside the vocabulary of {target} (ids 0..{vocab_size - 1})")
+    found = set(ids)
+    vocabulary = tokenizer.get_vocab()
+    for token in (t.strip() for t in (tokens or "").split(",")):
+        if not token:
+            continue
+        encoded = vocabulary.get(token)
+        if encoded is None and len(single := tokenizer.encode(token, add_special_tokens=False)) == 1:
+            encoded = single[0]
+        if encoded is None:
+            raise EyasError(f"stop_tokens: {token!r} is not one token of the tokenizer of {target} "
+                            "(give the token as the tokenizer spells it, or its id with --stop-ids)")
+        found.add(int(encoded))
+    return found
 
 
 def generate_kwargs(eos: set[int], temperature: float, top_p: float, top_k: int = 0,

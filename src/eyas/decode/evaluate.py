@@ -1,7 +1,10 @@
 """The `eyas eval` stage: every prompt decoded by the target alone and speculatively, timed in turn.
 
 Everything that can be refused is refused before a weight loads: the decoding shape, the
-prompts file, and a draft made for another target (fingerprint, hidden size, vocabulary, layers).
+prompts file, a bad `--chat-template` file or `--stop-ids`/`--stop-tokens`, and a draft made for
+another target (fingerprint, hidden size, vocabulary, layers; a draft trained on data of another
+chat template is told which `--chat-template` this run used). Both decoders and vLLM stop at the
+target's EOS ids plus the extra stop ids.
 Each prompt's results are appended to `REPORT_DIR/results.jsonl` as soon as it is done, so an
 interrupted evaluation continues where it stopped; the report is computed from those lines. A line holds
 both timings of its prompt (the report pairs them, eyas.decode.paired) and, greedy, where its outputs
@@ -17,7 +20,7 @@ from typing import Any
 import torch
 
 from eyas.config import DEFAULT_TREE, EvalConfig
-from eyas.data.prompts import eos_ids, generate_kwargs, target_eos_ids
+from eyas.data.prompts import eos_ids, extra_stop_ids, generate_kwargs, target_eos_ids
 from eyas.decode.costs import RoundCosts
 from eyas.decode.decoder import Decoder, Generation
 from eyas.decode.divergence import first_divergence
@@ -27,6 +30,7 @@ from eyas.decode.prompts import read_prompts
 from eyas.decode.report import REPORT, EvalReport, summarize, write_report
 from eyas.decode.sampling import Sampling
 from eyas.decode.served import VllmFigures, serve_in_vllm, serving_problems
+from eyas.decode.visibility import attention_layout
 from eyas.draft.config import WEIGHTS_FILE, read_draft_config, target_problems
 from eyas.draft.model import load_draft, set_embedding
 from eyas.errors import CannotRun, EyasError
@@ -37,7 +41,7 @@ from eyas.stage import Stage
 from eyas.models.fingerprint import target_fingerprint
 from eyas.models.load import load_config, load_target, resolve_device
 from eyas.models.parts import TargetParts
-from eyas.models.tokenizer import load_tokenizer
+from eyas.models.tokenizer import load_tokenizer, template_mismatch
 
 RESULTS = "results.jsonl"
 PROGRESS = "progress.json"
@@ -97,18 +101,24 @@ def _result_line(index: int, base: Generation, spec: Generation, lookup: tuple[i
 
 def run_eval(config: EvalConfig) -> EvalReport:
     """Evaluate (or finish evaluating) the draft on the prompts; return the report written to `config.out`."""
-    precision = choose_dtype(config.dtype, config.device)
+    precision = choose_dtype(config.dtype, config.device, config.target)
     config = config.model_copy(update={"dtype": precision.dtype})
     shape = decoding_shape(config)
     if config.engine == "vllm" and (problems := serving_problems(config)):
         raise CannotRun("; ".join(problems))
     sampling = Sampling(config.temperature, config.top_p, config.top_k)
     draft_config = read_draft_config(config.draft)
-    tokenizer = load_tokenizer(config.target, config.trust_remote_code)
+    tokenizer = load_tokenizer(config.target, config.trust_remote_code, config.chat_template)
     fingerprint = target_fingerprint(config.target, tokenizer)
-    problems = target_problems(draft_config, fingerprint, load_config(config.target, config.trust_remote_code))
+    target_config = load_config(config.target, config.trust_remote_code)
+    attention_layout(target_config)  # a layout that cannot be verified exactly is refused before any weight loads
+    problems = target_problems(draft_config, fingerprint, target_config)
+    if problems and draft_config.target is not None and (
+            mismatch := template_mismatch("the draft", draft_config.target, fingerprint, config.chat_template)):
+        problems.append(mismatch)
     if problems:
         raise EyasError(f"{config.draft}: not a draft for {config.target}: " + "; ".join(problems))
+    extra_stops = extra_stop_ids(config.target, tokenizer, config.stop_ids, config.stop_tokens)
     draft = load_draft(config.draft)  # refuses missing, unreadable, misshaped or non-finite weights before any claim
     prompts = read_prompts(config.prompts, tokenizer, config.limit, config.chat_template_kwargs)
     device = resolve_device(config.device)
@@ -125,7 +135,7 @@ def run_eval(config: EvalConfig) -> EvalReport:
         parts = load_target(config.target, dtype, device, config.trust_remote_code)
         set_embedding(draft, parts.embed.weight.detach())
         draft = draft.to(device=device, dtype=dtype).eval()
-        eos = eos_ids(parts.model, tokenizer)
+        eos = eos_ids(parts.model, tokenizer) | extra_stops
         plain = Decoder(parts, None, None, sampling, eos, config.seed)
         speculative = Decoder(parts, draft, shape, sampling, eos, config.seed)
         for decoder in (plain, speculative):  # first calls allocate and dispatch: not timed
@@ -145,16 +155,19 @@ def run_eval(config: EvalConfig) -> EvalReport:
                 bar.update(task, advance=1, rate=f"tau {sum(rounds) / max(1, len(rounds)) + 1:.2f}")
     report = summarize(sorted(results, key=lambda r: r["prompt"]), shape, sampling, config, precision)
     if config.engine == "vllm":
-        report.vllm = _served(config, prompts, tokenizer, report.tau)
+        report.vllm = _served(config, prompts, tokenizer, extra_stops, report.tau)
     write_report(config.out, report)
     return report
 
 
-def _served(config: EvalConfig, prompts: list[list[int]], tokenizer: Any, eyas_tau: float) -> VllmFigures:
-    """Return vLLM's figures of this evaluation: measured once, then read back from `out/vllm.json`."""
+def _served(config: EvalConfig, prompts: list[list[int]], tokenizer: Any, extra_stops: set[int],
+            eyas_tau: float) -> VllmFigures:
+    """Return vLLM's figures of this evaluation, stopping at the target's EOS ids and `extra_stops`: measured
+    once, then read back from `out/vllm.json`."""
     path = config.out / SERVED
     if path.is_file():
         return VllmFigures.model_validate(read_json_object(path))
-    figures = serve_in_vllm(config, prompts, target_eos_ids(config.target, tokenizer, config.trust_remote_code), eyas_tau)
+    stops = target_eos_ids(config.target, tokenizer, config.trust_remote_code) | extra_stops
+    figures = serve_in_vllm(config, prompts, stops, eyas_tau)
     write_json_atomic(path, figures.model_dump(mode="json"))
     return figures

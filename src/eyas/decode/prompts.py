@@ -2,8 +2,9 @@
 
 Each line is an object with exactly one of: `"prompt"` (a user message, rendered through the
 target's chat template with the generation prompt), `"messages"` (a list of `{role, content}`,
-rendered the same way) or `"text"` (tokenized as is). A tokenizer without a chat template takes
-`"prompt"` as raw text and refuses `"messages"`. The template gets the same `chat_template_kwargs`
+rendered the same way) or `"text"` (tokenized as is). The chat template is the one in effect on
+`tokenizer` (`eyas.models.tokenizer.load_tokenizer`: the target's own or a `--chat-template FILE`).
+A tokenizer without a chat template takes `"prompt"` as raw text and refuses `"messages"`. The template gets the same `chat_template_kwargs`
 as `eyas prepare` and `eyas regenerate`, so the draft is evaluated on prompts shaped as it was trained.
 """
 

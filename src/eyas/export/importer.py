@@ -18,13 +18,16 @@ from eyas.stage import Stage
 from eyas.models.fingerprint import TargetFingerprint
 
 
-def target_facts(target: Path, trust_remote_code: bool = False) -> tuple[TargetFingerprint, Any]:
-    """Return the fingerprint and transformers config of a target (no weights are read)."""
+def target_facts(target: Path, trust_remote_code: bool = False,
+                 chat_template: Path | None = None) -> tuple[TargetFingerprint, Any]:
+    """Return the fingerprint (with the chat template file `chat_template` in place of the target's own, when
+    given) and transformers config of a target (no weights are read)."""
     from eyas.models.fingerprint import target_fingerprint
     from eyas.models.load import load_config
     from eyas.models.tokenizer import load_tokenizer
 
-    return (target_fingerprint(target, load_tokenizer(target, trust_remote_code)), load_config(target, trust_remote_code))
+    return (target_fingerprint(target, load_tokenizer(target, trust_remote_code, chat_template)),
+            load_config(target, trust_remote_code))
 
 
 def num_layers_of(target_config: Any) -> int:
@@ -67,7 +70,7 @@ def import_draft(config: ImportConfig) -> DraftConfig:
     """
     published = read_published(config.source)
     target = config.target
-    fingerprint, target_config = target_facts(target, config.trust_remote_code) if target is not None else (None, None)
+    fingerprint, target_config = target_facts(target, config.trust_remote_code, config.chat_template) if target is not None else (None, None)
     aux_ids = resolve_ids(published, config.layer_convention,
                           num_layers_of(target_config) if target_config is not None else None)
     draft_config = checked_config(published, aux_ids, fingerprint)

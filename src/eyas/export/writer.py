@@ -68,7 +68,8 @@ def _embedding(config: ExportConfig, draft: DraftConfig) -> torch.Tensor:
 
     if config.target is None:
         raise EyasError("export: --with-embedding needs --target (the embedding is the target's, not saved in the draft)")
-    fingerprint = target_fingerprint(config.target, load_tokenizer(config.target, config.trust_remote_code))
+    fingerprint = target_fingerprint(config.target, load_tokenizer(config.target, config.trust_remote_code,
+                                                                   config.chat_template))
     if draft.target is not None and draft.target.id != fingerprint.id:
         raise EyasError(f"{config.target}: not the target {config.draft} was trained for (fingerprints differ)")
     return load_target_head(config.target, torch.float32, "cpu", config.trust_remote_code).embed

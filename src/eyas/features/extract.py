@@ -3,7 +3,9 @@
 Samples are cut, in dataset order, into shards of about `shard_tokens` tokens (the plan depends
 only on sample lengths). Within a shard, samples are batched longest-first under a padded-token
 budget, so host and device memory grow with the budget and the shard size, never with the
-dataset. Shards are written atomically and recorded in a per-rank progress file; a killed run
+dataset. Each sample also gets the target's full-vocabulary argmax, computed once here from its
+`last` as stored (`eyas.models.argmax`), so that training never computes the full-vocabulary
+logits. Shards are written atomically and recorded in a per-rank progress file; a killed run
 resumes at the first unfinished shard and ends byte-identical to an uninterrupted run.
 Under `torchrun`, rank r takes shards r, r+K, r+2K, ...; rank 0 merges the manifest.
 """
@@ -32,7 +34,9 @@ from eyas.files import write_json_atomic
 from eyas.precision import Precision, choose_dtype
 from eyas.progress import stage_progress
 from eyas.stage import Stage
+from eyas.models.argmax import TargetArgmax
 from eyas.models.capture import FeatureCapture
+from eyas.models.head import head_of, load_target_head
 from eyas.models.load import DTYPES, load_target
 
 if TYPE_CHECKING:
@@ -45,6 +49,7 @@ class _RankProgress(BaseModel):
     run_key: str
     shards: list[store.ShardInfo]
     backend: str | None = None  # what computed the shards so far
+    vocab_size: int | None = None  # rows of the target's LM head, the shards' argmax ids are below it
 
 
 def plan_shards(lengths: np.ndarray, shard_tokens: int) -> list[tuple[int, int]]:
@@ -132,35 +137,54 @@ FeatureSource = Callable[[list[int]], Iterator[tuple[int, store.SampleFeatures]]
 
 @contextmanager
 def _feature_source(config: ExtractConfig, plan: ExtractPlan, reader: DatasetReader,
-                    device: str) -> Iterator[tuple[FeatureSource, str]]:
-    """Load the target on `config.backend`; yield what computes the samples of dataset rows and the
-    backend's description for the manifest (`hf`, `vllm VERSION (path)`)."""
+                    device: str) -> Iterator[tuple[FeatureSource, str, TargetArgmax]]:
+    """Load the target on `config.backend`; yield what computes the samples of dataset rows, the backend's
+    description for the manifest (`hf`, `vllm VERSION (path)`) and the target's argmax head in the
+    compute dtype (the loaded model's own head; beside vLLM, its tensors read once the engine holds its memory)."""
     if config.backend == "vllm":
         from eyas.backends.vllm.extractor import VllmFeatures
 
         with tempfile.TemporaryDirectory(dir=config.out, prefix=".vllm-spool-") as spool:
             engine = VllmFeatures(config.target, plan.aux_ids, plan.num_layers, Path(spool), config.dtype,
-                                  config.tensor_parallel_size, int(reader.lengths().max()), config.trust_remote_code)
+                                  config.tensor_parallel_size, int(reader.lengths().max()), config.trust_remote_code,
+                                  config.model_impl)
             try:
-                yield (lambda indices: _engine_samples(engine, reader, indices)), engine.describe()
+                head = load_target_head(config.target, DTYPES[config.dtype], device, config.trust_remote_code)
+                yield ((lambda indices: _engine_samples(engine, reader, indices)), engine.describe(),
+                       TargetArgmax(head.final_norm, head.lm_head))
             finally:
                 engine.close()
         return
     parts = load_target(config.target, DTYPES[config.dtype], device, config.trust_remote_code)
+    head = head_of(parts)
     with FeatureCapture(parts, plan.aux_ids) as capture:
-        yield (lambda indices: sample_features(capture, reader, indices, config.token_budget, device)), "hf"
+        yield ((lambda indices: sample_features(capture, reader, indices, config.token_budget, device)), "hf",
+               TargetArgmax(head.final_norm, head.lm_head))
+
+
+def with_argmax(features: store.SampleFeatures, argmax: TargetArgmax, storage: store.StorageDtype) -> store.SampleFeatures:
+    """Return `features` with the target's argmax `[T]` (int32, CPU) of its `last` as a reader of a `storage`
+    store gets it back, so the stored argmax is what `argmax` computes from the stored `last`."""
+    features.argmax = argmax(store.as_read(features.last, storage, 1)).to(torch.int32).cpu()  # [T]
+    return features
 
 
 def _merge(config: ExtractConfig, plan: ExtractPlan, run_key: str, world: int, shard_count: int,
            backend: str, precision: Precision) -> store.StoreManifest:
     shards: list[store.ShardInfo] = []
+    vocab_sizes = set()
     for rank in range(world):
         path = config.out / _PROGRESS.format(rank=rank)
         if path.is_file():
-            shards += _RankProgress.model_validate_json(path.read_text(encoding="utf-8")).shards
+            progress = _RankProgress.model_validate_json(path.read_text(encoding="utf-8"))
+            shards += progress.shards
+            vocab_sizes |= {progress.vocab_size} if progress.shards else set()
     shards.sort(key=lambda s: s.index)
     if [s.index for s in shards] != list(range(shard_count)):
         raise EyasError(f"{config.out}: {shard_count - len(shards)} shard(s) unfinished; rerun the same command to resume")
+    if len(vocab_sizes) != 1 or None in vocab_sizes:
+        raise EyasError(f"{config.out}: the ranks' progress files record argmax vocabularies {sorted(map(str, vocab_sizes))}, "
+                        "not one; extract the store again (--overwrite)")
     tokens = sum(s.tokens for s in shards)
     size = sum(s.bytes for s in shards)
     manifest = store.StoreManifest(
@@ -169,7 +193,8 @@ def _merge(config: ExtractConfig, plan: ExtractPlan, run_key: str, world: int, s
         requested_layers={"ids": config.layers, "convention": config.layer_convention},
         num_layers=plan.num_layers, hidden_size=plan.hidden_size, storage_dtype=config.storage_dtype,
         compute_dtype=config.dtype, precision=precision.record(), backend=backend, samples=sum(s.samples for s in shards), tokens=tokens, bytes=size,
-        bytes_per_token=round(size / max(tokens, 1), 2), shards=shards,
+        bytes_per_token=round(size / max(tokens, 1), 2),
+        teacher_argmax=store.ArgmaxInfo(vocab_size=vocab_sizes.pop()), shards=shards,
     )
     write_json_atomic(config.out / store.MANIFEST, manifest.model_dump(mode="json"))
     for rank in range(world):
@@ -184,7 +209,7 @@ def run_extract(config: ExtractConfig, plan: ExtractPlan | None = None) -> tuple
     is resolved) and refuses to load weights when it finds any problem.
     """
     ranks = current_ranks()
-    precision = choose_dtype(config.dtype, config.device)
+    precision = choose_dtype(config.dtype, config.device, config.target)
     config = config.model_copy(update={"dtype": precision.dtype})
     if config.backend == "vllm":  # an engine this machine cannot run: exit 3 before any check or claim
         from eyas.backends.vllm.extractor import usable_path
@@ -212,21 +237,21 @@ def run_extract(config: ExtractConfig, plan: ExtractPlan | None = None) -> tuple
     backend = progress.backend or config.backend
     if mine:
         started, tokens_done, bytes_done = time.monotonic(), 0, 0
-        with stage_progress() as bar, _feature_source(config, plan, reader, device) as (features_of, backend):
-            progress.backend = backend
+        with stage_progress() as bar, _feature_source(config, plan, reader, device) as (features_of, backend, argmax):
+            progress.backend, progress.vocab_size = backend, argmax.vocab_size
             total = sum(spans[i][1] - spans[i][0] for i in mine)
             task = bar.add_task(f"extract (rank {ranks.rank})" if ranks.distributed else "extract", total=total, rate="")
             for index in mine:
                 samples = []
                 indices = list(range(*spans[index]))
                 for tokens, features in features_of(indices):
-                    samples.append(features)
+                    samples.append(with_argmax(features, argmax, config.storage_dtype))
                     tokens_done += tokens
                     rate = tokens_done / max(time.monotonic() - started, 1e-9)
                     bar.update(task, advance=1, rate=f"{rate:,.0f} tok/s, {bytes_done / 2**20:,.0f} MiB written")
                 samples.sort(key=lambda s: s.sample_id)
                 info = store.write_shard(config.out / store.shard_name(index), index, samples,
-                                         config.storage_dtype, len(plan.aux_ids))
+                                         config.storage_dtype, len(plan.aux_ids), argmax.vocab_size)
                 bytes_done += info.bytes
                 progress.shards.append(info)
                 write_json_atomic(progress_path, progress.model_dump(mode="json"))

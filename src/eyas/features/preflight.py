@@ -20,6 +20,7 @@ import torch
 from eyas.audit.contract import engine_api_problems
 from eyas.config import ExtractConfig
 from eyas.data.dataset import DatasetManifest, no_samples_problem, read_manifest
+from eyas.data.prepare import dataset_target_problem
 from eyas.errors import EyasError
 from eyas.features.store import bytes_per_token
 from eyas.models.capture import FeatureCapture, teacher_logits
@@ -153,15 +154,13 @@ def preflight_extract(config: ExtractConfig, checks: bool = True) -> ExtractPlan
         plan.problems.append(str(error))
     try:
         plan.hf_config = load_config(config.target, config.trust_remote_code)
-        tokenizer = load_tokenizer(config.target, config.trust_remote_code)
+        tokenizer = load_tokenizer(config.target, config.trust_remote_code, config.chat_template)
         plan.target = target_fingerprint(config.target, tokenizer)
     except EyasError as error:
         plan.problems.append(str(error))
-    if plan.dataset and plan.target and not plan.dataset.target.tokenization_matches(plan.target):
-        plan.problems.append(
-            f"{config.data / 'manifest.json'}: target: the dataset was prepared for another tokenizer or chat template "
-            f"({plan.dataset.target_path}); rerun `eyas prepare --target {config.target}`"
-        )
+    if plan.dataset and plan.target and (
+            mismatch := dataset_target_problem(config.data, plan.dataset, config.target, plan.target, config.chat_template)):
+        plan.problems.append(mismatch)
     if plan.dataset and (empty := no_samples_problem(config.data, plan.dataset)):
         plan.problems.append(empty)
     if plan.hf_config is not None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,6 +31,7 @@ from eyas.files import sha256_file, sha256_text
 from eyas.precision import choose_dtype, machine_record
 from eyas.progress import stage_progress
 from eyas.stage import SUMMARY_FILE, JsonLines, Run, Stage
+from eyas.models.argmax import TargetArgmax
 from eyas.models.capture import FeatureCapture
 from eyas.models.head import TargetHead, head_of, load_target_head, load_target_layer
 from eyas.models.load import DTYPES, resolve_device
@@ -42,6 +44,9 @@ from eyas.train.setup import TrainSetup, resolve_train, vocab_tensors
 from eyas.train.sources import OnlineSource, SampleSource, StoreSource
 
 METRICS = "metrics.jsonl"
+NO_STORED_ARGMAX = ("extracted before eyas stored the target's argmax: computing it over the {vocab:,}-token vocabulary "
+                    "once per sample, the first time each is read, and keeping it for the run (the first epoch runs at "
+                    "the old rate, the later ones do not); `eyas extract --overwrite` stores it")
 
 
 @dataclass
@@ -131,17 +136,26 @@ class _Trainer:
         self.warmup = int(config.warmup_fraction * self.total)
 
     def _source_and_head(self, head_dtype: torch.dtype) -> tuple[SampleSource, TargetHead]:
+        """Return where samples come from and the target's head. Every sample carries the target's argmax: the
+        store's; one computed once per sample for a store made without it (said once); online, the head's."""
         config, setup = self.config, self.setup
         if not setup.online:
-            return StoreSource(config.features, setup.store), load_target_head(setup.target, head_dtype, str(self.device),
-                                                                               config.trust_remote_code)
+            head = load_target_head(setup.target, head_dtype, str(self.device), config.trust_remote_code)
+            argmax = None
+            if setup.store.teacher_argmax is None:  # type: ignore[union-attr]
+                argmax = TargetArgmax(head.final_norm, head.lm_head)
+                if self.ranks.rank == 0:
+                    print(f"eyas: {config.features}: {NO_STORED_ARGMAX.format(vocab=argmax.vocab_size)}", file=sys.stderr)
+            return StoreSource(config.features, setup.store, argmax), head  # type: ignore[arg-type]
         from eyas.data.dataset import DatasetReader
         from eyas.models.load import load_target
 
         parts = load_target(setup.target, DTYPES[config.target_dtype], str(self.device), config.trust_remote_code)
         self.capture = FeatureCapture(parts, setup.draft_config.aux_layer_ids).__enter__()
-        source = OnlineSource(DatasetReader(setup.dataset_dir), self.capture, config.token_budget, str(self.device))
-        return source, head_of(parts)
+        head = head_of(parts)
+        source = OnlineSource(DatasetReader(setup.dataset_dir), self.capture, config.token_budget, str(self.device),
+                              TargetArgmax(head.final_norm, head.lm_head))
+        return source, head
 
     def _target_layer(self, index: int) -> dict[str, torch.Tensor]:
         """Return the tensors of target decoder layer `index`: from the loaded target online, else read."""
@@ -167,7 +181,7 @@ class _Trainer:
 
     def _objective(self, batch: B.PackedBatch) -> tuple[StepScorer, torch.Tensor]:
         """Return the scorer (holding the step sums) and the summed weighted objective of `batch`."""
-        teacher = self.teacher(batch.last)
+        teacher = self.teacher(batch.last, batch.argmax)
         scorer = StepScorer(teacher, batch.doc_ids, batch.loss_mask, self.draft.d2t, self.draft.t2d,
                             self.config.ttt_steps, self.config.out_of_vocab)
         return scorer, self.model(batch, scorer)
@@ -310,7 +324,7 @@ def run_train(config: TrainConfig) -> TrainResult:
     device_name = rank_device(ranks, resolve_device(config.device))
     init_distributed(ranks, device_name)
     precisions = {"dtype": choose_dtype(config.dtype, device_name),
-                  "target_dtype": choose_dtype(config.target_dtype, device_name)}
+                  "target_dtype": choose_dtype(config.target_dtype, device_name, config.target)}
     config = config.model_copy(update={field: choice.dtype for field, choice in precisions.items()})
     out = config.out
     notes = tuple(choice.note(field) for field, choice in precisions.items())

@@ -12,6 +12,7 @@ from safetensors.numpy import load_file
 
 from eyas.config import TrainConfig
 from eyas.data import dataset as ds
+from eyas.data.prepare import dataset_target_problem, recorded_template
 from eyas.data.vocab import DraftVocab, cached_draft_vocab, check_draft_vocab_size, load_draft_vocab
 from eyas.draft.config import DraftConfig, draft_config_for_target, read_draft_config, target_problems
 from eyas.errors import EyasError
@@ -20,7 +21,7 @@ from eyas.files import reading
 from eyas.models.fingerprint import TargetFingerprint, target_fingerprint
 from eyas.models.layers import check_layer_ids, default_aux_layers, to_input_convention
 from eyas.models.load import load_config
-from eyas.models.tokenizer import load_tokenizer
+from eyas.models.tokenizer import load_tokenizer, template_mismatch
 
 DEFAULT_DRAFT_VOCAB = 32000
 
@@ -39,7 +40,7 @@ class TrainSetup:
 
 def check_store_matches(store_dir: Path, manifest: StoreManifest, draft: DraftConfig) -> None:
     """Refuse a feature store that was not extracted for `draft`: another target, hidden size,
-    aux layers or layer convention (each named, all at once)."""
+    aux layers, layer convention or an argmax over another vocabulary size (each named, all at once)."""
     problems = []
     if draft.target is not None and manifest.target.id != draft.target.id:
         problems.append(f"target: extracted from {manifest.target_path} (fingerprint {manifest.target.id[:12]}), "
@@ -51,6 +52,9 @@ def check_store_matches(store_dir: Path, manifest: StoreManifest, draft: DraftCo
     if manifest.layer_ids != draft.aux_layer_ids:
         problems.append(f"layer_ids: {manifest.layer_ids}, the draft reads {draft.aux_layer_ids} "
                         f"({draft.layer_convention} convention)")
+    if manifest.teacher_argmax is not None and manifest.teacher_argmax.vocab_size != draft.vocab_size:
+        problems.append(f"teacher_argmax: ids of a {manifest.teacher_argmax.vocab_size}-token vocabulary, the draft's "
+                        f"target has {draft.vocab_size}")
     if problems:
         raise EyasError(f"{store_dir / MANIFEST}: does not match the draft: " + "; ".join(problems))
 
@@ -137,13 +141,15 @@ def resolve_train(config: TrainConfig) -> TrainSetup:
     if store is not None and manifest.fingerprint != store.dataset_fingerprint:
         raise EyasError(f"{dataset_dir / ds.MANIFEST}: fingerprint: not the dataset the store in {config.features} "
                         "was extracted from")
-    fingerprint: TargetFingerprint = target_fingerprint(target, load_tokenizer(target, config.trust_remote_code))
+    fingerprint: TargetFingerprint = target_fingerprint(target, load_tokenizer(target, config.trust_remote_code,
+                                                                               config.chat_template))
     if store is not None and store.target.id != fingerprint.id:
+        mismatch = template_mismatch("the store", store.target, fingerprint, config.chat_template,
+                                     recorded_template(config.features, "extract"))  # type: ignore[arg-type]
         raise EyasError(f"{config.features / MANIFEST}: target: extracted from {store.target_path}, not from {target} "
-                        "(fingerprints differ)")
-    if not manifest.target.tokenization_matches(fingerprint):
-        raise EyasError(f"{dataset_dir / ds.MANIFEST}: target: the dataset was tokenized for {manifest.target_path}, "
-                        f"whose tokenizer or chat template differs from {target}'s")
+                        "(fingerprints differ)" + (f"; {mismatch}" if mismatch else ""))
+    if problem := dataset_target_problem(dataset_dir, manifest, target, fingerprint, config.chat_template):
+        raise EyasError(problem)
     target_config = load_config(target, config.trust_remote_code)
     text_config = getattr(target_config, "text_config", None) or target_config
     num_layers = int(text_config.num_hidden_layers)
