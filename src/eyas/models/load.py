@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch import nn
 
 from eyas.errors import CannotRun, EyasError
 from eyas.models.fingerprint import hf_location, is_gguf, read_model_config
@@ -77,10 +78,18 @@ def meta_execution() -> Iterator[None]:
     - `torch.autocast(device_type="meta")`, which transformers 4.x rotary embeddings open, is
       run as a CPU autocast (they only use it to turn autocast off);
     - `nonzero` (MoE expert dispatch loops in transformers 4.x) returns the all-nonzero shape, so
-      every expert runs once: shapes stay exact, no value is read.
-    Both patches are undone on exit.
+      every expert runs once: shapes stay exact, no value is read;
+    - a `ModuleList` indexed by a meta tensor (those loops pick `experts[expert_idx]`, which reads the
+      index's value) returns its first module: every expert has the same shapes.
+    The patches are undone on exit.
     """
     original = torch.autocast
+    module_at = nn.ModuleList.__getitem__
+
+    def meta_safe_module_at(self: nn.ModuleList, index: Any) -> Any:
+        if isinstance(index, torch.Tensor) and index.device.type == "meta":
+            return module_at(self, 0)
+        return module_at(self, index)
 
     class MetaSafeAutocast(original):  # type: ignore[misc, valid-type]
         def __init__(self, device_type: str, *args: Any, **kwargs: Any) -> None:
@@ -89,11 +98,13 @@ def meta_execution() -> Iterator[None]:
     from torch.fx.experimental import _config as fx_config
 
     torch.autocast = MetaSafeAutocast
+    nn.ModuleList.__getitem__ = meta_safe_module_at  # type: ignore[method-assign]
     try:
         with fx_config.patch(meta_nonzero_assume_all_nonzero=True):
             yield
     finally:
         torch.autocast = original
+        nn.ModuleList.__getitem__ = module_at  # type: ignore[method-assign]
 
 
 def resolve_device(device: str | None) -> str:

@@ -2,7 +2,10 @@
 template in the style of a real model family, and a `config.json` (no weights, no downloads).
 
 Styles: "chatml" (SmolLM2 / Qwen2.5 shape), "llama3", "qwen3" (thinking blocks kept only in the
-turns after the last user message), "mistral" (`[INST]` turns, no generation prompt).
+turns after the last user message), "mistral" (`[INST]` turns, no generation prompt), "hermes" (Qwen3 /
+Hermes tool calling: `tools` listed in the system turn, `<tool_call>` JSON in assistant turns, tool results
+as `<tool_response>` blocks in a user turn, `reasoning_content` as a thinking block in the turns after the
+last user message, and `{% generation %}` markers around what the assistant writes).
 """
 
 from __future__ import annotations
@@ -10,8 +13,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-Style = Literal["chatml", "llama3", "qwen3", "mistral"]
-STYLES: tuple[Style, ...] = ("chatml", "llama3", "qwen3", "mistral")
+Style = Literal["chatml", "llama3", "qwen3", "mistral", "hermes"]
+STYLES: tuple[Style, ...] = ("chatml", "llama3", "qwen3", "mistral", "hermes")
 
 CORPUS = [
     "The quick brown fox jumps over the lazy dog while the river runs past the old mill.",
@@ -71,6 +74,45 @@ _TEMPLATES: dict[Style, str] = {
         "{%- else %}{{- '[SYS] ' + message['content'] + ' [/SYS]' }}{%- endif %}"
         "{%- endfor %}"
     ),
+    "hermes": (
+        "{%- set ns = namespace(last_query=-1) %}"
+        "{%- for message in messages %}{%- if message.role == 'user' %}{%- set ns.last_query = loop.index0 %}{%- endif %}{%- endfor %}"
+        "{%- if tools %}"
+        "{{- '<|im_start|>system\\n' }}"
+        "{%- if messages[0].role == 'system' %}{{- messages[0].content + '\\n\\n' }}{%- endif %}"
+        "{{- '# Tools\\n\\nTo call a function, write <tool_call></tool_call> around {\"name\": ..., \"arguments\": ...}.\\n<tools>' }}"
+        "{%- for tool in tools %}{{- '\\n' + (tool | tojson) }}{%- endfor %}"
+        "{{- '\\n</tools><|im_end|>\\n' }}"
+        "{%- elif messages[0].role == 'system' %}{{- '<|im_start|>system\\n' + messages[0].content + '<|im_end|>\\n' }}"
+        "{%- endif %}"
+        "{%- for message in messages %}"
+        "{%- if message.role == 'user' or (message.role == 'system' and not loop.first) %}"
+        "{{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>\\n' }}"
+        "{%- elif message.role == 'assistant' %}"
+        "{{- '<|im_start|>assistant\\n' }}"
+        "{%- generation %}"
+        "{%- if loop.index0 > ns.last_query and message.reasoning_content is string %}"
+        "{{- '<think>\\n' + message.reasoning_content.strip('\\n') + '\\n</think>\\n\\n' }}"
+        "{%- endif %}"
+        "{{- message.content }}"
+        "{%- for call in message.tool_calls or [] %}"
+        "{%- if call.function %}{%- set call = call.function %}{%- endif %}"
+        "{%- if message.content or not loop.first %}{{- '\\n' }}{%- endif %}"
+        "{{- '<tool_call>\\n{\"name\": \"' + call.name + '\", \"arguments\": ' }}"
+        "{{- call.arguments if call.arguments is string else call.arguments | tojson }}"
+        "{{- '}\\n</tool_call>' }}"
+        "{%- endfor %}"
+        "{{- '<|im_end|>' }}"
+        "{%- endgeneration %}"
+        "{{- '\\n' }}"
+        "{%- elif message.role == 'tool' %}"
+        "{%- if loop.first or messages[loop.index0 - 1].role != 'tool' %}{{- '<|im_start|>user' }}{%- endif %}"
+        "{{- '\\n<tool_response>\\n' + message.content + '\\n</tool_response>' }}"
+        "{%- if loop.last or messages[loop.index0 + 1].role != 'tool' %}{{- '<|im_end|>\\n' }}{%- endif %}"
+        "{%- endif %}"
+        "{%- endfor %}"
+        "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+    ),
 }
 
 # (special tokens, bos, eos, pad, model_type) per style
@@ -80,18 +122,27 @@ _SPECIALS: dict[Style, tuple[list[str], str | None, str, str, str]] = {
                "<|begin_of_text|>", "<|eot_id|>", "<|end_of_text|>", "llama"),
     "qwen3": (["<|endoftext|>", "<|im_start|>", "<|im_end|>"], None, "<|im_end|>", "<|endoftext|>", "qwen3"),
     "mistral": (["<unk>", "<s>", "</s>"], "<s>", "</s>", "<unk>", "mistral"),
+    "hermes": (["<|endoftext|>", "<|im_start|>", "<|im_end|>"], None, "<|im_end|>", "<|endoftext|>", "qwen3"),
 }
 
 
-# config overrides that make each architecture tiny (MLA + MoE for DeepSeek-V3, as Kimi-K2 uses)
+# config overrides that make each architecture tiny (MLA + MoE for DeepSeek-V3, as Kimi-K2 uses, with the router its
+# released config names: vLLM reads topk_method and scoring_func, transformers assumes them). Gemma-3 and
+# GPT-OSS keep their own head_dim apart from hidden / heads (32: vLLM's CPU attention serves it) and a sliding
+# window of 8 tokens, so a test's prompts pass the window: Gemma-3 five sliding layers to one full, scaled and
+# tied embeddings; GPT-OSS sliding and full layers alternating, attention sinks, 4 experts (2 per token), YaRN.
 ARCHITECTURES: dict[str, dict[str, object]] = {
     "llama": {}, "qwen3": {}, "mistral": {}, "qwen2": {},
     "qwen3_moe": {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32, "decoder_sparse_step": 1},
     "deepseek_v3": {"n_routed_experts": 4, "num_experts_per_tok": 2, "n_shared_experts": 1, "moe_intermediate_size": 32,
                     "first_k_dense_replace": 1, "n_group": 2, "topk_group": 1, "q_lora_rank": 32, "kv_lora_rank": 16,
                     "qk_rope_head_dim": 8, "qk_nope_head_dim": 8, "v_head_dim": 16, "num_key_value_heads": 4,
-                    "rope_scaling": None},
+                    "rope_scaling": None, "topk_method": "noaux_tc", "scoring_func": "sigmoid"},
     "gemma2": {"head_dim": 16}, "phi3": {}, "gpt_neox": {},
+    "gemma3_text": {"head_dim": 32, "query_pre_attn_scalar": 32, "sliding_window": 8, "sliding_window_pattern": 6,
+                    "tie_word_embeddings": True},
+    "gpt_oss": {"head_dim": 32, "sliding_window": 8, "num_local_experts": 4, "num_experts_per_tok": 2,
+                "max_position_embeddings": 131072},
 }
 
 
