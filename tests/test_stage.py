@@ -15,7 +15,7 @@ import typer
 from eyas import config as configs
 from eyas.config import DECIDES, ARGUMENT_KEY, StageConfig, deciding_fields
 from eyas.errors import EyasError
-from eyas.stage import RUN_FILE, JsonLines, Stage, run_key
+from eyas.stage import CONFIG_FILE, RUN_FILE, JsonLines, Stage, run_key
 
 SRC = Path(configs.__file__).parent
 STAGE_CONFIGS = {"prepare": configs.PrepareConfig, "regenerate": configs.RegenerateConfig,
@@ -161,3 +161,26 @@ def test_nested_stage_outputs_are_never_foreign_nor_removed(tmp_path: Path) -> N
     (out / "stray.bin").write_text("?")
     with pytest.raises(EyasError, match="holds a toy output made from other inputs or settings"):
         root.claim(Toy(out=out, size=3), {})
+
+
+# A run that stopped after claiming its output and before any work (an engine that did not start) leaves only
+# its claim: the corrected rerun takes it over without --overwrite; any work of another run is still refused.
+def test_a_bare_claim_gives_way_to_the_corrected_run_and_work_does_not(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    failed = TOY.claim(Toy(out=out), {"target": "with a bad config"})  # then its engine did not start
+    assert {p.name for p in out.iterdir()} >= {RUN_FILE, CONFIG_FILE}
+    fixed = TOY.claim(Toy(out=out), {"target": "fixed"})
+    assert not fixed.resumed and fixed.key != failed.key
+    assert json.loads((out / RUN_FILE).read_text())["run_key"] == fixed.key
+    assert TOY.claim(Toy(out=out), {"target": "fixed"}).resumed  # the same run: resumed, as before
+    (out / "data-0.txt").write_text("work")
+    with pytest.raises(EyasError, match="holds a toy output made from other inputs or settings"):
+        TOY.claim(Toy(out=out, size=2), {"target": "fixed"})
+    assert (out / "data-0.txt").read_text() == "work"
+
+
+def test_a_bare_claim_of_another_stage_is_still_refused(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    Stage("other", "an other output", ("x-*.txt",)).claim(Toy(out=out), {})
+    with pytest.raises(EyasError, match="holds the output of `eyas other`"):
+        TOY.claim(Toy(out=out), {})

@@ -9,10 +9,7 @@ import json
 from pathlib import Path
 
 import pytest
-import torch
 
-from eyas.draft.config import draft_config_for_target
-from eyas.draft.model import Eagle3Draft, save_draft
 from eyas.errors import EyasError
 from eyas.models.layers import (
     check_layer_ids,
@@ -22,8 +19,7 @@ from eyas.models.layers import (
     to_engine_ids,
     to_input_convention,
 )
-from eyas.models.load import load_config
-from eyas.testing.tiny import build_tiny_target
+from eyas.testing.tiny import build_tiny_target, save_spaced_draft
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -60,11 +56,7 @@ def shallow(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """A 4-layer tiny target and a draft for it exported in the vLLM format (ids [1, 2, 3], input convention)."""
     root = tmp_path_factory.mktemp("shallow")
     target = build_tiny_target(root / "target", num_layers=4)
-    draft = Eagle3Draft(draft_config_for_target(load_config(target), [1, 2, 3], 40, None))
-    with torch.no_grad():
-        draft.d2t.copy_(torch.arange(40) * 2)  # draft id i is target id 3i: strictly increasing, inside 512
-        draft.t2d[torch.arange(40) * 3] = True
-    save_draft(draft, root / "draft")
+    save_spaced_draft(target, root / "draft")
     return {"target": target, "draft": root / "draft"}
 
 

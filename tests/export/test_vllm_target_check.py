@@ -107,23 +107,14 @@ def fake_vllm(monkeypatch: pytest.MonkeyPatch) -> dict[str, dict[str, ServedClas
 @pytest.fixture(scope="module")
 def exported(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """A tiny 4-layer target and an eyas draft for it, exported for vLLM."""
-    import torch
-
     from eyas.config import ExportConfig
-    from eyas.draft.config import draft_config_for_target
-    from eyas.draft.model import Eagle3Draft, save_draft
     from eyas.export.writer import run_export
-    from eyas.models.load import load_config
-    from eyas.testing.tiny import build_tiny_target
+    from eyas.testing.tiny import build_tiny_target, save_spaced_draft
 
     root = tmp_path_factory.mktemp("vllm-class")
     target = build_tiny_target(root / "target", num_layers=4)
-    draft = Eagle3Draft(draft_config_for_target(load_config(target), [1, 2, 3], 40, None))
-    with torch.no_grad():
-        draft.d2t.copy_(torch.arange(40) * 2)
-        draft.t2d[torch.arange(40) * 3] = True
-    save_draft(draft, root / "draft")
-    run_export(ExportConfig(draft=root / "draft", format="vllm", out=root / "published", target=target))
+    run_export(ExportConfig(draft=save_spaced_draft(target, root / "draft"), format="vllm", out=root / "published",
+                            target=target))
     return {"target": target, "published": root / "published"}
 
 

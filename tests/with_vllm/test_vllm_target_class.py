@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from eyas.backends.vllm.startup import EngineRefused, ModelImpl
-from eyas.testing.tiny import build_tiny_target
+from eyas.testing.tiny import build_tiny_target, save_spaced_draft
 
 CHAT = Path(__file__).resolve().parents[2] / "examples" / "data" / "chat.jsonl"
 
@@ -34,20 +34,13 @@ def _with_architecture(target: Path, architecture: str) -> Path:
 def gemma2(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """A weightless tiny Gemma-2 target (config and tokenizer only) and an eyas draft for it exported for vLLM."""
     from eyas.config import ExportConfig
-    from eyas.draft.config import draft_config_for_target
-    from eyas.draft.model import Eagle3Draft, save_draft
     from eyas.export.writer import run_export
-    from eyas.models.load import load_config
 
     root = tmp_path_factory.mktemp("gemma2")
     target = _with_architecture(build_tiny_target(root / "target", architecture="gemma2", num_layers=4,
                                                   attention_heads=2), "Gemma2ForCausalLM")
-    draft = Eagle3Draft(draft_config_for_target(load_config(target), [1, 2, 3], 40, None))
-    with torch.no_grad():
-        draft.d2t.copy_(torch.arange(40) * 2)
-        draft.t2d[torch.arange(40) * 3] = True
-    save_draft(draft, root / "draft")
-    run_export(ExportConfig(draft=root / "draft", format="vllm", out=root / "published", target=target))
+    run_export(ExportConfig(draft=save_spaced_draft(target, root / "draft"), format="vllm", out=root / "published",
+                            target=target))
     assert not list(target.glob("*.safetensors"))  # nothing to load: the check reads the config only
     return {"target": target, "published": root / "published"}
 

@@ -235,6 +235,23 @@ def train_tiny_target(target: Path, conversations: list[list[dict[str, str]]], s
     return target
 
 
+def save_spaced_draft(target: Path, out: Path) -> Path:
+    """Save an eyas draft for `target` to `out` (random weights, aux ids [1, 2, 3] in the input convention, 40 draft
+    ids: draft id i is target id 3i, strictly increasing) and return `out`; weightless targets do."""
+    import torch
+
+    from eyas.draft.config import draft_config_for_target
+    from eyas.draft.model import Eagle3Draft, save_draft
+    from eyas.models.load import load_config
+
+    draft = Eagle3Draft(draft_config_for_target(load_config(target), [1, 2, 3], 40, None))
+    with torch.no_grad():
+        draft.d2t.copy_(torch.arange(40) * 2)
+        draft.t2d[torch.arange(40) * 3] = True
+    save_draft(draft, out)
+    return out
+
+
 def main(argv: list[str] | None = None) -> None:
     """`python -m eyas.testing.tiny OUT [--style STYLE]`: write a tiny target directory."""
     import argparse
