@@ -86,8 +86,8 @@ def writing(path: Path) -> Iterator[None]:
         raise DiskFull(path, reason) from None
 
 
-def _unreadable_reason(error: BaseException) -> str | None:
-    """Return one line saying why reading an input failed, when `error` is a failure to read (not a bug)."""
+def _unreadable_reason(error: BaseException, path: Path | str) -> str | None:
+    """Return one line saying why reading the input `path` failed, when `error` is a failure to read (not a bug)."""
     if isinstance(error, OSError):
         if error.strerror:
             return error.strerror
@@ -100,7 +100,8 @@ def _unreadable_reason(error: BaseException) -> str | None:
     if isinstance(error, RecursionError):
         return "nested too deeply to read"
     if type(error).__module__.startswith("pyarrow") and isinstance(error, ValueError | OSError):
-        return f"not a readable Parquet file ({str(error).splitlines()[0]})"
+        kind = "Arrow" if str(path).endswith(".arrow") else "Parquet"  # pyarrow reads both columnar formats
+        return f"not a readable {kind} file ({str(error).splitlines()[0]})"
     return None
 
 
@@ -110,7 +111,7 @@ def reading(path: Path | str) -> Iterator[None]:
 
     The one boundary where eyas turns a failure to *read* an input into a user error (exit 2) naming the
     file and the reason: an `OSError` (missing, unreadable, EIO, a directory), bytes that are not UTF-8,
-    a truncated or foreign safetensors file, a corrupt Parquet file (pyarrow's `ArrowInvalid`), a
+    a truncated or foreign safetensors file, a corrupt Parquet or Arrow file (pyarrow's `ArrowInvalid`), a
     document nested too deeply to parse. Anything else (a bug in eyas) passes unchanged, traceback and
     all; so do eyas's own errors. Nested blocks name the innermost path (the file, not its directory).
     """
@@ -119,7 +120,7 @@ def reading(path: Path | str) -> Iterator[None]:
     except EyasError:
         raise
     except (OSError, UnicodeDecodeError, SafetensorError, RecursionError, ValueError) as error:
-        reason = _unreadable_reason(error)
+        reason = _unreadable_reason(error, path)
         if reason is None:
             raise
         raise UnreadableInput(path, reason) from None

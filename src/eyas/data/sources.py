@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from eyas.errors import EyasError, InputError, UnreadableInput, where
+from eyas.errors import EyasError, InputError, where
 from eyas.files import reading
 
 DATA_SUFFIXES = (".jsonl", ".json", ".parquet", ".arrow")
@@ -259,17 +259,13 @@ def without_nulls(value: Any) -> Any:
 def _batches(path: Path) -> Iterator[Any]:
     """Yield the record batches of a Parquet file, or of an Arrow IPC file or stream (the stream is what
     `datasets` writes); raises `UnreadableInput` for a file pyarrow cannot read."""
-    import pyarrow as pa
     import pyarrow.parquet as pq
 
     with reading(path):
         if path.suffix == ".parquet":
             yield from pq.ParquetFile(path).iter_batches(batch_size=_COLUMNAR_BATCH)
-            return
-        try:
+        else:
             yield from _ipc_batches(path)
-        except pa.ArrowInvalid as error:  # `reading` would call any pyarrow file a Parquet file
-            raise UnreadableInput(path, f"not a readable Arrow file ({str(error).splitlines()[0]})") from None
 
 
 def _ipc_batches(path: Path) -> Iterator[Any]:
