@@ -21,13 +21,15 @@ from typing import Any
 import pytest
 import torch
 
-from eyas.decode import decoder as decoder_module
+from eyas.decode import auto as auto_module
 from eyas.decode.costs import RoundCosts
 from eyas.decode.decoder import Decoder
-from eyas.decode.drafting import TreeDrafter, TreeShape
-from eyas.decode.policy import AutoShape
+from eyas.decode.drafting import TreeDrafter
+from eyas.decode.proposers import ProposerTally
+from eyas.decode.rounds import Context, Outcome, Proposal
 from eyas.decode.runners import TargetRunner
 from eyas.decode.sampling import Sampling
+from eyas.decode.shapes import AutoShape, TreeShape
 from eyas.decode.tree import DraftTree, chain_union
 from eyas.decode.visibility import AttentionLayout, attention_layout
 from eyas.draft.config import draft_config_for_target
@@ -170,7 +172,7 @@ def _oracle_drafts(monkeypatch: pytest.MonkeyPatch, reference: list[int]) -> Non
         return reference[root_anchor + 2:root_anchor + 2 + length]
 
     monkeypatch.setattr(TreeDrafter, "grow", grow)
-    monkeypatch.setattr(decoder_module, "draft_chain", chain)
+    monkeypatch.setattr(auto_module, "draft_chain", chain)
 
 
 def _draft_for(parts: TargetParts) -> Eagle3Draft:
@@ -197,6 +199,42 @@ def test_every_shape_decodes_what_generate_does(targets, model_type: str, shape_
         assert generated.tokens == expected[:NEW_TOKENS], (model_type, shape_name, seed)
         if shape is not None:
             assert max(generated.accepted) >= 3  # deep paths, far past the window, were verified and kept
+
+
+class OracleProposer:
+    """A proposer written outside eyas against its protocol (eyas.decode.proposers): the true continuation with
+    decoys as a tree, no draft and no target features."""
+
+    aux_layer_ids = None
+
+    def __init__(self, reference: list[int], depth: int) -> None:
+        self.reference, self.depth = reference, depth
+
+    def start(self, context: Context, prefill: Any, target: Any) -> OracleProposer:
+        return self
+
+    def propose(self, context: Context) -> Proposal:
+        start = context.root_position + 1
+        tree = _oracle_tree(self.reference[start:start + self.depth], self.depth)
+        return Proposal(tree, drafted=len(tree))
+
+    def observe(self, context: Context, outcome: Outcome) -> None:
+        assert outcome.committed[:len(outcome.verdict.accepted)] == self.reference[outcome.position + 1:][
+            :len(outcome.verdict.accepted)]
+
+    def finish(self) -> ProposerTally:
+        return ProposerTally()
+
+
+@pytest.mark.parametrize("model_type", list(LAYOUTS))
+def test_a_proposer_of_ones_own_runs_in_the_same_loop(targets, model_type: str) -> None:
+    """Adding a proposer touches no loop: given to the decoder, it is verified exactly like eyas's own."""
+    parts = targets[model_type]
+    prompt = _prompt(4)
+    expected = _greedy(parts, prompt, NEW_TOKENS + 8)
+    generated = Decoder(parts, None, None, Sampling(), set(), proposer=OracleProposer(prompt + expected, 4)
+                        ).generate(prompt, NEW_TOKENS)
+    assert generated.tokens == expected[:NEW_TOKENS] and min(generated.accepted[:-1]) == 4
 
 
 def test_layouts_are_read_as_transformers_reads_them(targets) -> None:

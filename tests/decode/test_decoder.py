@@ -18,14 +18,14 @@ import pytest
 import torch
 from conftest import chi_square_p_value
 
-from eyas.decode import decoder as decoder_module
 from eyas.decode.costs import RoundCosts
-from eyas.decode.decoder import Decoder, first_token_hits
-from eyas.decode.drafting import TreeShape, target_ids_of
-from eyas.decode.policy import AutoShape, ShapePolicy
+from eyas.decode.decoder import Decoder
+from eyas.decode.drafting import target_ids_of
+from eyas.decode.policy import LookupHindsight, ShapePolicy, first_token_hits
 from eyas.decode.replay import greedy_continuations, replay_chain
 from eyas.decode.runners import DraftRunner
 from eyas.decode.sampling import Sampling
+from eyas.decode.shapes import AutoShape, TreeShape
 from eyas.decode.verify import Verdict
 from eyas.draft.model import Eagle3Draft, load_draft
 from eyas.models.capture import FeatureCapture
@@ -245,16 +245,16 @@ def test_the_draft_is_scored_in_hindsight_at_the_anchors_it_reads(pair, monkeypa
     forward over the whole generated sequence, anchor for anchor, and no anchor is scored twice."""
     parts, draft, prompts = pair
     monkeypatch.setattr("eyas.decode.policy.READ_EVERY", 4)
-    monkeypatch.setattr("eyas.decode.decoder.PENDING_MOST", most)
+    monkeypatch.setattr("eyas.decode.auto.PENDING_MOST", most)
     scored: list[tuple[int, bool]] = []
 
-    def recording(step, first_anchor, sequence, prompt_length, target_ids):  # noqa: ANN001, ANN202 - as wrapped
-        hits = first_token_hits(step, first_anchor, sequence, prompt_length, target_ids)
-        anchors = [t for t in range(first_anchor, first_anchor + len(step.logits) - 1) if t + 2 >= prompt_length]
+    def recording(guesses, first_anchor, sequence, prompt_length):  # noqa: ANN001, ANN202 - as wrapped
+        hits = first_token_hits(guesses, first_anchor, sequence, prompt_length)
+        anchors = [t for t in range(first_anchor, first_anchor + len(guesses)) if t + 2 >= prompt_length]
         scored.extend(zip(anchors, hits))
         return hits
 
-    monkeypatch.setattr("eyas.decode.decoder.first_token_hits", recording)
+    monkeypatch.setattr("eyas.decode.auto.first_token_hits", recording)
     decoder = Decoder(parts, draft, AutoShape(), Sampling(), set(), costs=COSTLY)
     checked = hit = 0
     for prompt in prompts[:4]:
@@ -282,13 +282,14 @@ def test_costs_between_and_beyond_the_measured_sizes() -> None:
 def test_the_measured_costs_are_sane_and_kept(pair) -> None:
     parts, draft, prompts = pair
     decoder = Decoder(parts, draft, AutoShape(), Sampling(), set())
-    decoder.generate(prompts[0], 4)
-    costs = decoder.costs
-    assert costs is not None and costs.verify(1) > 0 and costs.draft_step > 0
+    first = decoder.generate(prompts[0], 4).policy
+    assert first is not None
+    costs = first.costs
+    assert costs.verify(1) > 0 and costs.draft_step > 0
     assert costs.verify_sizes == (1, 2, 3, 4, 6, 8, 12, 16) and all(s > 0 for s in costs.verify_seconds)
     assert list(costs.verify_seconds) == sorted(costs.verify_seconds)  # a larger forward never costs less
-    decoder.generate(prompts[1], 4)
-    assert decoder.costs is costs  # measured once per decoder
+    second = decoder.generate(prompts[1], 4).policy
+    assert second is not None and second.costs is costs  # measured once per decoder
 
 
 def repeating(parts: TargetParts, prompt: list[int]) -> list[int]:
@@ -356,6 +357,22 @@ def test_a_replayed_chain_accepts_what_the_decoder_accepts(pair, chain: int) -> 
     assert rounds < len(prompts) * NEW_TOKENS  # tokens were accepted: the replay was not trivially plain
 
 
+@pytest.mark.parametrize(("shape", "costs"), [(TreeShape(4, 3, 10), None), (AutoShape(4, 6), FLAT)],
+                         ids=["tree", "auto-flat"])
+def test_any_shape_replayed_against_the_recording_accepts_what_the_decoder_accepts(pair, shape, costs) -> None:
+    """The recorded target answers the same round loop for trees and the auto shape too: every round verifies
+    what it verifies on the model and accepts the same tokens."""
+    parts, draft, prompts = pair
+    for prompt, continuation in zip(prompts[:5], greedy_continuations(parts, prompts[:5], NEW_TOKENS,
+                                                                      draft.config.aux_layer_ids)):
+        decoded = Decoder(parts, draft, shape, Sampling(), set(), costs=costs).generate(prompt, NEW_TOKENS)
+        replayed = Decoder(continuation, draft, shape, Sampling(), set(), costs=costs).generate(prompt, NEW_TOKENS)
+        assert replayed.tokens == decoded.tokens
+        assert (replayed.accepted, replayed.drafted, replayed.looked_up) == \
+            (decoded.accepted, decoded.drafted, decoded.looked_up)
+        assert max(decoded.accepted) >= 2
+
+
 def brute_force_lookup(context: list[int], max_tokens: int, max_ngram: int = 3) -> tuple[list[int], int]:
     """The latest earlier occurrence of the longest suffix n-gram (n <= 3), by scanning every position."""
     for n in range(min(max_ngram, len(context) - 1), 0, -1):
@@ -372,7 +389,7 @@ def test_unverified_lookups_are_scored_against_what_the_target_committed(pair, m
     parts, _, prompts = pair
     offered: list[tuple[int, list[int], int]] = []
     reported: list[tuple[int, int, int]] = []
-    offer, report = decoder_module._UnverifiedLookup.offer, ShapePolicy.lookup_hindsight
+    offer, report = LookupHindsight.offer, ShapePolicy.lookup_hindsight
 
     def offering(self, first, tokens, ngram):  # noqa: ANN001, ANN202 - as wrapped
         if tokens and not self.tokens:
@@ -383,7 +400,7 @@ def test_unverified_lookups_are_scored_against_what_the_target_committed(pair, m
         reported.append((proposed, matched, ngram))
         return report(self, proposed, matched, ngram)
 
-    monkeypatch.setattr(decoder_module._UnverifiedLookup, "offer", offering)
+    monkeypatch.setattr(LookupHindsight, "offer", offering)
     monkeypatch.setattr(ShapePolicy, "lookup_hindsight", reporting)
     decoder = Decoder(parts, None, AutoShape(0, 6), Sampling(), set(), costs=COSTLY)
     matched_some = 0

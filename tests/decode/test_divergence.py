@@ -15,10 +15,9 @@ from eyas.decode.choices import TargetChoices
 from eyas.decode.costs import RoundCosts
 from eyas.decode.decoder import Decoder, Generation
 from eyas.decode.divergence import first_divergence, rounding_bound, summarize_divergences, ulp
-from eyas.decode.drafting import TreeShape
-from eyas.decode.policy import AutoShape
 from eyas.decode.runners import TargetRunner, TargetStep
 from eyas.decode.sampling import Sampling
+from eyas.decode.shapes import AutoShape, TreeShape
 from eyas.decode.tree import DraftTree
 from eyas.decode.verify import Verdict, accept_greedy
 from eyas.draft.model import load_draft

@@ -24,7 +24,7 @@ from itertools import accumulate
 
 import torch
 
-from eyas.decode.runners import DraftRunner, TargetRunner
+from eyas.decode.runners import DraftRunner, TargetForwards
 
 VERIFY_SIZES = (1, 2, 3, 4, 6, 8, 12, 16)
 
@@ -77,7 +77,7 @@ def _median_seconds(work: Callable[[], object], repeats: int) -> float:
     return statistics.median(times)
 
 
-def measure_costs(target: TargetRunner, drafter: DraftRunner | None, token: int, position: int,
+def measure_costs(target: TargetForwards, drafter: DraftRunner | None, token: int, position: int,
                   feature: torch.Tensor | None) -> RoundCosts:
     """Return the costs measured with the caches as they are (a prefilled prompt), which are left unchanged.
 

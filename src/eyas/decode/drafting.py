@@ -1,4 +1,12 @@
-"""Growing the draft tree of one round (EAGLE-2's dynamic tree, or a chain).
+"""The EAGLE-3 draft's side of decoding: its anchors across rounds, and the tree or chain it grows in one.
+
+Anchors: with committed tokens `x_0..x_m`, the draft cache holds anchors `0..m-1`, anchor t reading the
+target's feature of `x_t` and the token `x_{t+1}`; a node at depth d is drafted by an anchor at position
+`m-1+d` whose feature is its parent's anchor output (the training-time-test layout, docs/train.md). After
+a round the draft drops its tree anchors and reads the committed tokens' anchors with the target's own
+features (as EAGLE does); `DraftAnchors` queues them until a draft is wanted, then reads them in one forward.
+
+Growing a tree (EAGLE-2's dynamic tree, or a chain):
 
 Depth 1: the root anchor's logits give the `top_k` best tokens. Each further depth runs the
 `top_k` best-scoring nodes of the previous depth through the draft in one forward (each sees the
@@ -16,27 +24,9 @@ import torch
 
 from eyas.decode.runners import DraftRunner, DraftStep
 from eyas.decode.sampling import Sampling
+from eyas.decode.shapes import TreeShape
 from eyas.decode.tree import DraftTree, select_nodes, subtree
-
-
-@dataclass(frozen=True)
-class TreeShape:
-    """EAGLE-2 dynamic tree: `depth` draft steps, `top_k` children per expanded node and `top_k`
-    nodes expanded per depth, the `total` best nodes (cumulative log-probability) verified.
-    A chain of k tokens is `TreeShape.chain_of(k)`: with sampling its tokens are drawn from the
-    draft's distribution instead of taken top-1."""
-
-    depth: int
-    top_k: int
-    total: int
-    chain: bool = False
-
-    @classmethod
-    def chain_of(cls, k: int) -> TreeShape:
-        return cls(k, 1, k, chain=True)
-
-    def describe(self) -> str:
-        return f"chain {self.depth}" if self.chain else f"tree {self.depth},{self.top_k},{self.total}"
+from eyas.draft.model import Eagle3Draft
 
 
 @dataclass
@@ -54,6 +44,51 @@ class _Growing:
         return DraftTree(torch.tensor(self.tokens), torch.tensor(self.parents), torch.tensor(self.depths),
                          torch.tensor(self.scores, dtype=torch.float64),
                          torch.stack(self.dists) if self.dists else None)
+
+
+class DraftAnchors:
+    """The draft's cache across the rounds of one generation: anchors whose target features are known wait
+    until `read` runs them in one forward; `root` is the latest read's output (its last row: the root anchor,
+    once nothing waits)."""
+
+    def __init__(self, draft: Eagle3Draft) -> None:
+        self.runner = DraftRunner(draft)
+        self._root: DraftStep | None = None
+        self._aux: list[torch.Tensor] = []  # [r, A*H_t] each
+        self._tokens: list[int] = []
+        self._positions: list[int] = []
+
+    @property
+    def waiting(self) -> int:
+        """The number of anchors not read yet."""
+        return len(self._tokens)
+
+    @property
+    def root(self) -> DraftStep:
+        """The latest read's output. Refuses (ValueError) before the first read."""
+        if self._root is None:
+            raise ValueError("draft anchors: nothing read yet")
+        return self._root
+
+    def add(self, aux: torch.Tensor | None, tokens: list[int], first_position: int) -> None:
+        """Queue anchors reading `aux [r, A*H_t]` and the next tokens `tokens [r]`, from `first_position` on.
+        Refuses (ValueError) missing features: the target must run capturing the draft's layers."""
+        if aux is None:
+            raise ValueError("the draft reads the target's features of every committed token, and none were captured")
+        self._aux.append(aux)
+        self._tokens += tokens
+        self._positions += range(first_position, first_position + len(tokens))
+
+    def read(self) -> tuple[int, DraftStep]:
+        """Run the waiting anchors through the draft (one forward); return the first one's position and the
+        output, which becomes `root`. Refuses (ValueError) when none waits."""
+        if not self._tokens:
+            raise ValueError("draft anchors: nothing to read")
+        first = self._positions[0]
+        self._root = self.runner.forward(self.runner.fuse(torch.cat(self._aux)), torch.tensor(self._tokens),
+                                         torch.tensor(self._positions))
+        self._aux, self._tokens, self._positions = [], [], []
+        return first, self._root
 
 
 def target_ids_of(drafter: DraftRunner) -> torch.Tensor:
@@ -88,7 +123,6 @@ class TreeDrafter:
         self.drafter, self.shape, self.sampling, self.generator = drafter, shape, sampling, generator
         self.target_ids = target_ids_of(drafter)
         self.vocab = drafter.draft.config.vocab_size
-        self.forwards = 0
 
     def _children(self, logits: torch.Tensor, score: float) -> list[tuple[float, int, torch.Tensor | None]]:
         """Return `(score, target id, draft distribution over the target vocab or None)` of proposed children."""
@@ -129,7 +163,6 @@ class TreeDrafter:
             outputs = self.drafter.forward(torch.stack([grown.inputs[i] for i in frontier]),
                                            torch.tensor([grown.tokens[i] for i in frontier]),
                                            torch.full((len(frontier),), root_anchor + depth), visible)
-            self.forwards += 1
             for k, node in enumerate(frontier):
                 slot_of[node] = self.drafter.length - len(frontier) + k
         tree = grown.tree()

@@ -21,15 +21,13 @@ import torch
 
 from eyas.config import DEFAULT_TREE, EvalConfig
 from eyas.data.prompts import eos_ids, extra_stop_ids, generate_kwargs, target_eos_ids
-from eyas.decode.costs import RoundCosts
 from eyas.decode.decoder import Decoder, Generation
 from eyas.decode.divergence import first_divergence
-from eyas.decode.drafting import TreeShape
-from eyas.decode.policy import AutoShape
 from eyas.decode.prompts import read_prompts
 from eyas.decode.report import REPORT, EvalReport, summarize, write_report
 from eyas.decode.sampling import Sampling
 from eyas.decode.served import VllmFigures, serve_in_vllm, serving_problems
+from eyas.decode.shapes import AutoShape, TreeShape
 from eyas.decode.visibility import attention_layout
 from eyas.draft.config import WEIGHTS_FILE, read_draft_config, target_problems
 from eyas.draft.model import load_draft, set_embedding
@@ -83,7 +81,7 @@ def prompt_lookup_generate(parts: TargetParts, prompt: list[int], max_new_tokens
 
 
 def _result_line(index: int, base: Generation, spec: Generation, lookup: tuple[int, float] | None,
-                 costs: RoundCosts | None, parts: TargetParts) -> dict[str, Any]:
+                 parts: TargetParts) -> dict[str, Any]:
     line: dict[str, Any] = {
         "prompt": index, "new_tokens": len(spec.tokens), "accepted": spec.accepted, "seconds": spec.seconds,
         "target_forwards": spec.target_forwards, "draft_forwards": spec.draft_forwards,
@@ -92,8 +90,9 @@ def _result_line(index: int, base: Generation, spec: Generation, lookup: tuple[i
     }
     if base.choices is not None:  # greedy
         line["divergence"] = first_divergence(base, spec, parts.lm_head.weight.dtype, parts.lm_head.weight.shape[1])
-    if costs is not None:  # the auto shape: what it chose per round, and the costs it chose from
-        line.update(drafted=spec.drafted, looked_up=spec.looked_up, from_lookup=spec.from_lookup, costs=costs.record())
+    if spec.policy is not None:  # the auto shape: what it chose per round, and the costs it chose from
+        line.update(drafted=spec.drafted, looked_up=spec.looked_up, from_lookup=spec.from_lookup,
+                    costs=spec.policy.costs.record())
     if lookup is not None:
         line["lookup_new_tokens"], line["lookup_seconds"] = lookup
     return line
@@ -148,7 +147,7 @@ def run_eval(config: EvalConfig) -> EvalReport:
                 base, spec = plain.generate(prompt, config.max_new_tokens), speculative.generate(prompt, config.max_new_tokens)
                 lookup = prompt_lookup_generate(parts, prompt, config.max_new_tokens, config.prompt_lookup, sampling,
                                                 eos) if config.prompt_lookup else None
-                line = _result_line(index, base, spec, lookup, speculative.costs, parts)
+                line = _result_line(index, base, spec, lookup, parts)
                 handle.append(json.dumps(line))
                 results.append(line)
                 rounds = [a for r in results for a in r["accepted"]]

@@ -41,7 +41,7 @@ verification accepts at least i candidates equals the chance that the target's n
 those candidates: comparing an unverified proposal with the tokens committed after it is an
 unbiased observation, greedy or sampled. Hence no probe rounds: a lookup proposal that was not
 verified is scored against the tokens committed after it (one at a time), and the draft's first
-token is scored at every anchor it reads (`first_token_hits` in eyas.decode.decoder). While the draft
+token is scored at every anchor it reads (`first_token_hits`). While the draft
 is not verified its anchors wait unread (no draft forward per round), and are read in one batch
 after `READ_EVERY` idle rounds, a wait that doubles after each such read up to `READ_EVERY_MOST`
 and starts over once a draft is verified; so a draft that does not pay costs one batched draft
@@ -54,28 +54,13 @@ from dataclasses import dataclass
 from itertools import accumulate
 
 from eyas.decode.costs import RoundCosts
+from eyas.decode.rounds import matched_prefix
+from eyas.decode.shapes import AutoShape
 
 DECAY = 0.98
 PRIOR_STRENGTH = 2.0
 READ_EVERY = 16
 READ_EVERY_MOST = 512
-
-
-@dataclass(frozen=True)
-class AutoShape:
-    """The cost-aware shape: draft chains of at most `max_chain` tokens and lookup branches of at most
-    `lookup` tokens, chosen per round (0 and 0: a plain target step)."""
-
-    max_chain: int = 8
-    lookup: int = 10
-
-    @property
-    def depth(self) -> int:
-        """The most tokens a round can accept."""
-        return max(self.max_chain, self.lookup)
-
-    def describe(self) -> str:
-        return f"auto (chain <= {self.max_chain}, lookup <= {self.lookup})"
 
 
 class AcceptanceEstimate:
@@ -114,6 +99,16 @@ class ExpectedTokens:
         return 1.0 + self.draft[k] + self.lookup[l] - self.both[min(k, l)]
 
 
+@dataclass(frozen=True)
+class PolicyState:
+    """What a policy plans with after a generation: the `costs` (measured or given), the observed/measured
+    target-forward `scale` (plain steps, 2+ verified tokens) and the `overhead` seconds per round."""
+
+    costs: RoundCosts
+    scale: tuple[float, float]
+    overhead: float | None
+
+
 class ShapePolicy:
     """Chooses each round's (draft chain length, lookup length) and learns from verified rounds and hindsight."""
 
@@ -148,11 +143,16 @@ class ShapePolicy:
                     best, best_rate = (k, l), rate
         return best
 
+    def state(self) -> PolicyState:
+        """Return the costs and corrections the policy plans with now."""
+        return PolicyState(self.costs, (self.scale[0], self.scale[1]), self.overhead)
+
     def observe(self, k: int, k_matched: int, l: int, l_matched: int, ngram: int = 0,
-                forward_seconds: float | None = None, extra_seconds: float | None = None) -> None:
+                forward_seconds: float | None = None, round_seconds: float | None = None) -> None:
         """Learn from a round that verified `k` draft and `l` lookup tokens (found after an `ngram`-token
         match), the first `k_matched` and `l_matched` of which the target accepted; `forward_seconds`: its
-        target forward's wall time; `extra_seconds`: its wall time beyond its target and draft forwards."""
+        target forward's wall time; `round_seconds`: its whole wall time (what it took beyond its target
+        forward and its `k` draft steps is the overhead)."""
         if forward_seconds is not None and self.correct_costs:
             plain = k + l == 0
             ratio = forward_seconds / self._measured[k + l]
@@ -164,8 +164,8 @@ class ShapePolicy:
             self._unread += 1
         if l:
             self._lookup(ngram).update(l, l_matched)
-        if extra_seconds is not None and k + l:
-            extra = max(extra_seconds, 0.0)
+        if round_seconds is not None and forward_seconds is not None and k + l:
+            extra = max(round_seconds - forward_seconds - k * self.costs.draft_step, 0.0)
             self.overhead = extra if self.overhead is None else self.overhead * 0.9 + extra * 0.1
 
     def read_due(self) -> bool:
@@ -184,3 +184,36 @@ class ShapePolicy:
         """Learn from a lookup proposal of `proposed` tokens (found after an `ngram`-token match) that was
         not verified, of which the first `matched` equal the tokens committed after it."""
         self._lookup(ngram).update(proposed, matched)
+
+
+def first_token_hits(guesses: list[int], first_anchor: int, sequence: list[int], prompt_length: int) -> list[bool]:
+    """Return, for the draft's top-1 target tokens `guesses` at anchors `first_anchor`, ..., whether each equals
+    the committed token it predicts: anchor t predicts `sequence[t + 2]` (`sequence`: the prompt and the committed
+    tokens). Predictions of prompt tokens are left out."""
+    return [guess == sequence[first_anchor + row + 2] for row, guess in enumerate(guesses)
+            if first_anchor + row + 2 >= prompt_length]
+
+
+class LookupHindsight:
+    """A lookup proposal that was not verified, held until the committed tokens settle how much of it the
+    target would have accepted (one at a time, so observations do not overlap)."""
+
+    def __init__(self) -> None:
+        self.first = 0  # index of its first token in the generation
+        self.tokens: list[int] = []
+        self.ngram = 0  # the n-gram length its lookup matched
+
+    def offer(self, first: int, tokens: list[int], ngram: int) -> None:
+        """Hold `tokens` (proposed for generated positions `first`, ...) unless a proposal is held already."""
+        if tokens and not self.tokens:
+            self.first, self.tokens, self.ngram = first, tokens, ngram
+
+    def settle(self, generated: list[int], policy: ShapePolicy) -> None:
+        """Report the held proposal to `policy` once `generated` decides it (a mismatch, or all of it matched)."""
+        if not self.tokens:
+            return
+        committed = generated[self.first:]
+        matched = matched_prefix(self.tokens, committed)
+        if matched < min(len(self.tokens), len(committed)) or matched == len(self.tokens):
+            policy.lookup_hindsight(len(self.tokens), matched, self.ngram)
+            self.tokens = []

@@ -23,11 +23,10 @@ from pydantic import BaseModel, Field
 
 from eyas.config import EvalConfig
 from eyas.decode.divergence import DivergenceSummary, summarize_divergences
-from eyas.decode.drafting import TreeShape
 from eyas.decode.paired import PairedSpeedup, paired_speedup
-from eyas.decode.policy import AutoShape
-from eyas.decode.served import VllmFigures
 from eyas.decode.sampling import Sampling
+from eyas.decode.served import VllmFigures
+from eyas.decode.shapes import AutoShape, TreeShape
 from eyas.files import write_atomic, write_json_atomic
 from eyas.precision import Precision, machine_record
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import inspect
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 import torch.nn.functional as F
@@ -27,6 +28,20 @@ class TargetStep:
 
     logits: torch.Tensor
     aux: torch.Tensor | None
+
+
+class TargetForwards(Protocol):
+    """What the round loop asks of a target: forwards after a cache it can trim (`TargetRunner` runs the model;
+    eyas.decode.recorded answers from a recorded greedy continuation)."""
+
+    device: torch.device
+
+    def forward(self, tokens: torch.Tensor, positions: torch.Tensor, visible: torch.Tensor | None = None,
+                last_only: bool = False) -> TargetStep:
+        """Return the logits (and features) of `tokens` at `positions` after the cache, which keeps them."""
+
+    def keep(self, new_count: int, kept: list[int]) -> None:
+        """Keep the cached prefix and, of the last `new_count` entries, those at indices `kept`."""
 
 
 class TargetRunner:
@@ -72,20 +87,20 @@ class TargetRunner:
         self.length += n
         return TargetStep(output.logits[0].float(), aux)
 
-    @torch.inference_mode()
     def keep(self, new_count: int, kept: list[int]) -> None:
         """Keep the cached prefix and, of the last `new_count` entries, those at indices `kept` (ascending)."""
         start = self.length - new_count
         prefix = kept == list(range(len(kept)))  # a chain's accepted run: truncating is enough
         if prefix and len(kept) == new_count:
-            return  # everything stays (a plain step)
-        index = torch.tensor(kept, dtype=torch.long, device=self.device) + start
-        for layer in self.cache.layers:
-            for name in ("keys", "values"):
-                tensor = getattr(layer, name)  # [1, kv, L, d]
-                if not prefix:
-                    tensor[:, :, start:start + len(kept)] = tensor[:, :, index]
-                setattr(layer, name, tensor[:, :, :start + len(kept)])
+            return  # everything stays (a plain step); returns before inference mode, which costs ~10 us to enter
+        with torch.inference_mode():
+            index = torch.tensor(kept, dtype=torch.long, device=self.device) + start
+            for layer in self.cache.layers:
+                for name in ("keys", "values"):
+                    tensor = getattr(layer, name)  # [1, kv, L, d]
+                    if not prefix:
+                        tensor[:, :, start:start + len(kept)] = tensor[:, :, index]
+                    setattr(layer, name, tensor[:, :, :start + len(kept)])
         self.length = start + len(kept)
 
 
@@ -117,6 +132,7 @@ class DraftRunner:
         self.keys: list[torch.Tensor | None] = [None] * len(draft.layers)
         self.values: list[torch.Tensor | None] = [None] * len(draft.layers)
         self.length = 0
+        self.forwards = 0  # draft forwards run so far
         self.device = draft.lm_head.weight.device
 
     def fuse(self, aux: torch.Tensor) -> torch.Tensor:
@@ -143,6 +159,7 @@ class DraftRunner:
         for i, layer_kv in enumerate(kv):
             self.keys[i], self.values[i] = torch.cat(layer_kv.keys, dim=2), torch.cat(layer_kv.values, dim=2)
         self.length += n
+        self.forwards += 1
         return DraftStep(out[0], self.draft.logits(out)[0].float())
 
     def crop(self, length: int) -> None:

@@ -76,6 +76,8 @@ def subtree(tree: DraftTree, keep: torch.Tensor) -> DraftTree:
 
 def is_chain(tree: DraftTree) -> bool:
     """Return whether every node's parent is the node before it (causal attention verifies it)."""
+    if len(tree) < 2:  # no node, or one child of the root
+        return True
     return bool((tree.parents == torch.arange(-1, len(tree) - 1)).all())
 
 

@@ -95,7 +95,7 @@ def greedy_rounds(target: Path, draft_dir: Path, shape: tuple[int, int, int, boo
     import torch
 
     from eyas.decode.decoder import Decoder
-    from eyas.decode.drafting import TreeShape
+    from eyas.decode.shapes import TreeShape
     from eyas.decode.sampling import Sampling
     from eyas.draft.model import Eagle3Draft, load_draft, set_embedding
     from eyas.models.load import load_target
