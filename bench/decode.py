@@ -15,7 +15,8 @@ speedups say little about real models; its tau does say the decoder accepts what
 
 Output: one JSON line per shape on stdout: `tau` (pooled: accepted + 1 per verification forward),
 `per_position_acceptance`, `tokens_per_s`, `baseline_tokens_per_s` and `prompt_lookup_tokens_per_s`
-(pooled: all tokens over all seconds), `speedup` (over the target alone), `prompt_lookup_speedup` and
+(pooled: all tokens over all seconds), `baseline_overhead_ms_per_token` (the target alone's wall time
+per token beyond its forwards), `speedup` (over the target alone), `prompt_lookup_speedup` and
 `vs_prompt_lookup` (speculative over prompt lookup). Every ratio is paired (`eyas.decode.paired`): the
 median over prompts of the per-prompt ratio, with `<ratio>_quartiles`, `<ratio>_range`,
 `<ratio>_pooled` (the old all-tokens-over-all-seconds ratio), `<ratio>_outliers` (prompts with a side
@@ -44,13 +45,13 @@ import torch
 
 from eyas.decode.decoder import Decoder
 from eyas.decode.divergence import first_divergence
-from eyas.decode.drafting import TreeShape
 from eyas.decode.paired import paired_speedup
 from eyas.decode.runners import DraftRunner, TargetRunner
 from eyas.data.prompts import eos_ids
 from eyas.decode.evaluate import prompt_lookup_generate
 from eyas.decode.prompts import read_prompts
 from eyas.decode.sampling import Sampling
+from eyas.decode.shapes import AutoShape, TreeShape
 from eyas.draft.model import load_draft
 from eyas.precision import machine_record
 from eyas.models.load import DTYPES, load_target
@@ -76,12 +77,10 @@ def time_forwards(runner: type) -> None:
     runner.forward = timed
 
 
-def parse_shape(text: str):  # noqa: ANN201 - TreeShape or AutoShape
+def parse_shape(text: str) -> TreeShape | AutoShape:
     kind, _, numbers = text.partition(":")
     values = [int(v) for v in numbers.split(",")]
     if kind == "auto":
-        from eyas.decode.policy import AutoShape
-
         return AutoShape(*values)
     return TreeShape.chain_of(values[0]) if kind == "chain" else TreeShape(*values)
 
@@ -124,30 +123,31 @@ def main() -> None:
         eos, sampling = eos_ids(parts.model, tokenizer), Sampling()
         shapes = [parse_shape(s) for s in args.shapes.split()]
         plain = Decoder(parts, None, None, sampling, eos)
-        # getattr: the same script also measures older sources (before/after figures), whose shapes and
-        # generations lack the auto fields
-        decoders = [Decoder(parts, draft if getattr(shape, "max_chain", 1) else None, shape, sampling, eos)
-                    for shape in shapes]
+        decoders = [Decoder(parts, draft, shape, sampling, eos) for shape in shapes]
         for decoder in [plain, *decoders]:
             decoder.generate(prompts[0], 8)
         prompt_lookup_generate(parts, prompts[0], 8, args.prompt_lookup, sampling, eos)
 
         hidden = parts.lm_head.weight.shape[1]
         base: list[tuple[int, float]] = []  # (new tokens, seconds) per prompt
+        base_overhead = 0.0  # the target alone's seconds outside its forwards
         lookup: list[tuple[int, float]] = []
         spec = [{"timed": [], "rounds": [], "same": 0, "near_ties": 0, "unexplained": 0, "overhead": 0.0, "drafted": [],
-                 "looked_up": [], "from_lookup": 0} for _ in shapes]
+                 "looked_up": [], "from_lookup": 0, "policy": None} for _ in shapes]
         for number, prompt in enumerate(prompts, 1):
+            inside = FORWARD_SECONDS[0]
             reference = plain.generate(prompt, args.max_new_tokens)
+            base_overhead += reference.seconds - (FORWARD_SECONDS[0] - inside)
             base.append((len(reference.tokens), reference.seconds))
             lookup.append(prompt_lookup_generate(parts, prompt, args.max_new_tokens, args.prompt_lookup, sampling, eos))
             for decoder, totals in zip(decoders, spec):
                 inside = FORWARD_SECONDS[0]
                 generated = decoder.generate(prompt, args.max_new_tokens)
                 totals["overhead"] += generated.seconds - (FORWARD_SECONDS[0] - inside)
-                totals["drafted"] += getattr(generated, "drafted", [])
-                totals["looked_up"] += getattr(generated, "looked_up", [])
-                totals["from_lookup"] += sum(getattr(generated, "from_lookup", []))
+                totals["drafted"] += generated.drafted
+                totals["looked_up"] += generated.looked_up
+                totals["from_lookup"] += sum(generated.from_lookup)
+                totals["policy"] = generated.policy
                 totals["timed"].append((len(generated.tokens), generated.seconds))
                 totals["rounds"] += generated.accepted
                 totals["same"] += generated.tokens == reference.tokens
@@ -158,7 +158,7 @@ def main() -> None:
 
     base_rate = sum(t for t, _ in base) / sum(s for _, s in base)
     lookup_rate = sum(t for t, _ in lookup) / sum(s for _, s in lookup)
-    for shape, totals, decoder in zip(shapes, spec, decoders):
+    for shape, totals in zip(shapes, spec):
         rounds = totals["rounds"]
         rate = sum(t for t, _ in totals["timed"]) / sum(s for _, s in totals["timed"])
         print(json.dumps({
@@ -167,6 +167,7 @@ def main() -> None:
             "tau": round(1 + sum(rounds) / len(rounds), 3),
             "per_position_acceptance": [round(sum(a > i for a in rounds) / len(rounds), 3) for i in range(shape.depth)],
             "tokens_per_s": round(rate, 2), "baseline_tokens_per_s": round(base_rate, 2),
+            "baseline_overhead_ms_per_token": round(1000 * base_overhead / sum(t for t, _ in base), 3),
             **paired_speedup(base, totals["timed"]).fields("speedup"), "prompt_lookup_num_tokens": args.prompt_lookup,
             "prompt_lookup_tokens_per_s": round(lookup_rate, 2),
             **paired_speedup(base, lookup).fields("prompt_lookup_speedup"),
@@ -177,8 +178,8 @@ def main() -> None:
             **({"draft_length_counts": dict(sorted(Counter(totals["drafted"]).items())),
                 "lookup_length_counts": dict(sorted(Counter(totals["looked_up"]).items())),
                 "accepted_from_lookup": totals["from_lookup"], "accepted": sum(rounds),
-                "costs": decoder.costs.record(), "cost_scale": [round(x, 3) for x in decoder.policy.scale]}
-               if totals["drafted"] else {}),
+                "costs": totals["policy"].costs.record(), "cost_scale": [round(x, 3) for x in totals["policy"].scale]}
+               if totals["policy"] is not None else {}),
         }), flush=True)
 
 

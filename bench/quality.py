@@ -51,8 +51,9 @@ import yaml
 from eyas.config import EvalConfig, TrainConfig
 from eyas.data.prompts import eos_ids
 from eyas.decode.prompts import read_prompts
+from eyas.decode.recorded import Continuation
+from eyas.decode.replay import greedy_continuations, pooled_chain_tau
 from eyas.decode.served import served_draft_tau
-from eyas.decode.replay import Continuation, greedy_continuations, pooled_chain_tau
 from eyas.demo.prompts import CHAT_PROMPTS, chat_prompts
 from eyas.demo.run import demo_root, run_demo, stage_sections
 from eyas.draft.model import load_draft
