@@ -14,15 +14,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
-
 from eyas.decode.costs import RoundCosts, measure_costs
-from eyas.decode.drafting import DraftAnchors, draft_chain, target_ids_of
+from eyas.decode.drafting import DraftAnchors, draft_chain
 from eyas.decode.lookup import PromptLookup
 from eyas.decode.policy import LookupHindsight, ShapePolicy, first_token_hits
 from eyas.decode.proposers import ProposerTally
 from eyas.decode.rounds import Context, Outcome, Proposal, matched_prefix
-from eyas.decode.runners import TargetForwards, TargetStep
+from eyas.decode.runners import DraftRunner, TargetForwards, TargetStep
 from eyas.decode.shapes import AutoShape
 from eyas.decode.tree import chain_union
 from eyas.draft.model import Eagle3Draft
@@ -44,19 +42,19 @@ class AutoProposer:
 
     def start(self, context: Context, prefill: TargetStep, target: TargetForwards) -> AutoRun:
         """Return the run of one generation, the prompt's draft anchors queued (measuring the costs first, the
-        first time, with the target's cache holding the prompt; the draft step on the prompt's last feature)."""
+        first time, with the target's cache holding the prompt; the draft step, in a draft cache of its own, on the
+        prompt's last feature)."""
         anchors = None
         if self.draft is not None:
             anchors = DraftAnchors(self.draft)
             anchors.add(prefill.aux, context.prompt[1:] + context.tokens, 0)  # anchors 0..m-1
-        return AutoRun(self.shape, self._policy(context, prefill, target, anchors), anchors, context)
+        return AutoRun(self.shape, self._policy(context, prefill, target), anchors, context)
 
-    def _policy(self, context: Context, prefill: TargetStep, target: TargetForwards,
-                anchors: DraftAnchors | None) -> ShapePolicy:
+    def _policy(self, context: Context, prefill: TargetStep, target: TargetForwards) -> ShapePolicy:
         if self.policy is None:
             costs = self.costs
             if costs is None:
-                runner = anchors.runner if anchors is not None else None
+                runner = DraftRunner(self.draft) if self.draft is not None else None
                 feature = runner.fuse(prefill.aux[-1:]) if runner is not None and prefill.aux is not None else None
                 costs = measure_costs(target, runner, context.tokens[0], len(context.prompt), feature)
             self.policy = ShapePolicy(self.shape, costs, correct_costs=self.costs is None)
@@ -77,8 +75,6 @@ class AutoRun:
 
     def __init__(self, shape: AutoShape, policy: ShapePolicy, anchors: DraftAnchors | None, context: Context) -> None:
         self.shape, self.policy, self.anchors = shape, policy, anchors
-        self.target_ids = target_ids_of(anchors.runner) if anchors is not None else torch.empty(0, dtype=torch.long)
-        self.forwards_before = anchors.runner.forwards if anchors is not None else 0
         self.lookup = PromptLookup()
         self.lookup.extend(context.sequence())
         self.hindsight = LookupHindsight()
@@ -96,7 +92,7 @@ class AutoRun:
             if anchors.waiting:
                 self._read(anchors, context, idle=False)
             committed = anchors.runner.length
-            chain = draft_chain(anchors.runner, anchors.root, context.root_position - 1, k, self.target_ids)
+            chain = draft_chain(anchors.runner, anchors.root, context.root_position - 1, k, anchors.target_ids)
             anchors.runner.crop(committed)
         if not l:
             self.hindsight.offer(len(context.tokens), found, ngram)
@@ -106,7 +102,7 @@ class AutoRun:
     def _read(self, anchors: DraftAnchors, context: Context, idle: bool) -> None:
         """Read the waiting anchors and score the draft's first token at each in hindsight."""
         first, step = anchors.read()
-        guesses = self.target_ids[step.logits[:-1].argmax(-1).cpu()].tolist()  # [n-1] target ids
+        guesses = anchors.target_ids[step.logits[:-1].argmax(-1).cpu()].tolist()  # [n-1] target ids
         self.policy.draft_read(first_token_hits(guesses, first, context.sequence(), len(context.prompt)), idle)
 
     def observe(self, context: Context, outcome: Outcome) -> None:
@@ -121,5 +117,5 @@ class AutoRun:
         self.hindsight.settle(context.tokens, self.policy)
 
     def finish(self) -> ProposerTally:
-        forwards = self.anchors.runner.forwards - self.forwards_before if self.anchors is not None else 0
+        forwards = self.anchors.runner.forwards if self.anchors is not None else 0
         return ProposerTally(forwards, self.policy.state())

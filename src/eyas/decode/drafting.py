@@ -49,10 +49,11 @@ class _Growing:
 class DraftAnchors:
     """The draft's cache across the rounds of one generation: anchors whose target features are known wait
     until `read` runs them in one forward; `root` is the latest read's output (its last row: the root anchor,
-    once nothing waits)."""
+    once nothing waits); `target_ids [N]`: the target token id of each draft-vocabulary id."""
 
     def __init__(self, draft: Eagle3Draft) -> None:
         self.runner = DraftRunner(draft)
+        self.target_ids = target_ids_of(self.runner)
         self._root: DraftStep | None = None
         self._aux: list[torch.Tensor] = []  # [r, A*H_t] each
         self._tokens: list[int] = []
@@ -117,12 +118,12 @@ def draft_chain(drafter: DraftRunner, root: DraftStep, root_anchor: int, length:
 
 
 class TreeDrafter:
-    """Grows the tree of a round from the draft's output at the root anchor."""
+    """Grows the tree of a round from the draft's output at the root anchor, in the cache of `anchors`."""
 
-    def __init__(self, drafter: DraftRunner, shape: TreeShape, sampling: Sampling, generator: torch.Generator) -> None:
-        self.drafter, self.shape, self.sampling, self.generator = drafter, shape, sampling, generator
-        self.target_ids = target_ids_of(drafter)
-        self.vocab = drafter.draft.config.vocab_size
+    def __init__(self, anchors: DraftAnchors, shape: TreeShape, sampling: Sampling, generator: torch.Generator) -> None:
+        self.drafter, self.target_ids = anchors.runner, anchors.target_ids
+        self.shape, self.sampling, self.generator = shape, sampling, generator
+        self.vocab = self.drafter.draft.config.vocab_size
 
     def _children(self, logits: torch.Tensor, score: float) -> list[tuple[float, int, torch.Tensor | None]]:
         """Return `(score, target id, draft distribution over the target vocab or None)` of proposed children."""

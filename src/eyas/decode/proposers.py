@@ -91,7 +91,7 @@ class TreeProposer:
         """Return the run with the prompt's anchors queued (0..m-1: the prompt's features, tokens x_1..x_m)."""
         anchors = DraftAnchors(self.draft)
         anchors.add(prefill.aux, context.prompt[1:] + context.tokens, 0)
-        return TreeRun(anchors, TreeDrafter(anchors.runner, self.shape, self.sampling, self.generator))
+        return TreeRun(anchors, TreeDrafter(anchors, self.shape, self.sampling, self.generator))
 
 
 class TreeRun:

@@ -45,14 +45,13 @@ class Continuation:
 
 
 class RecordedRunner:
-    """Answers verification forwards from a `Continuation` (module docstring); `keep` only counts."""
+    """Answers verification forwards from a `Continuation` (module docstring); it keeps no cache."""
 
     def __init__(self, continuation: Continuation, with_features: bool) -> None:
         self.sequence = continuation.prompt + continuation.tokens
         self.aux = continuation.aux if with_features else None
         self.vocab_size = continuation.vocab_size
         self.device = torch.device("cpu")
-        self.length = 0
 
     def _on_continuation(self, tokens: list[int], positions: list[int], visible: torch.Tensor | None) -> list[bool]:
         """Return, per new token, whether it and every earlier new token it sees lie on the continuation."""
@@ -88,9 +87,7 @@ class RecordedRunner:
             aux = torch.zeros(len(listed), self.aux.shape[-1], dtype=self.aux.dtype)  # [n, A*H]
             kept = [row for row in range(len(listed)) if on[row]]
             aux[kept] = self.aux[[at[row] for row in kept]]
-        self.length += len(listed)
         return TargetStep(logits, aux)
 
     def keep(self, new_count: int, kept: list[int]) -> None:
-        """Keep the prefix and `kept` of the last `new_count` entries (only the length is tracked)."""
-        self.length += len(kept) - new_count
+        """Nothing to trim: every answer comes from the recording."""
