@@ -94,6 +94,16 @@ def learned(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return build_learned_pair(tmp_path_factory.mktemp("learned"))
 
 
+@pytest.fixture(scope="session")
+def learned_peagle(learned: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A P-EAGLE draft (with EAGLE-3.1's fc_norm) trained on the learned pair's store as its EAGLE-3 draft was;
+    the directory of the draft."""
+    from eyas.testing.learned import train_draft
+
+    return train_draft(learned["store"], tmp_path_factory.mktemp("peagle") / "run", family="peagle",
+                       fc_norm=True) / "final"
+
+
 @dataclass
 class CliResult:
     code: int

@@ -8,6 +8,9 @@ draft's first token at each anchor against the committed one, and an unverified 
 against the tokens committed after it (hindsight, in eyas.decode.policy). The candidates are fixed given
 the context (top-1 draft tokens, looked-up tokens), so under sampling the tree verifier keeps the target's
 distribution exactly.
+
+A P-EAGLE draft's chain of k tokens is its block (`DraftAnchors.block`): one forward, reading the waiting
+anchors too, whatever k is; the policy is told so and prices the chain accordingly.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from eyas.decode.lookup import PromptLookup
 from eyas.decode.policy import LookupHindsight, ShapePolicy, first_token_hits
 from eyas.decode.proposers import ProposerTally
 from eyas.decode.rounds import Context, Outcome, Proposal, matched_prefix
-from eyas.decode.runners import DraftRunner, TargetForwards, TargetStep
+from eyas.decode.runners import DraftRunner, DraftStep, TargetForwards, TargetStep
 from eyas.decode.shapes import AutoShape
 from eyas.decode.tree import chain_union
 from eyas.draft.model import Eagle3Draft
@@ -57,7 +60,8 @@ class AutoProposer:
                 runner = DraftRunner(self.draft) if self.draft is not None else None
                 feature = runner.fuse(prefill.aux[-1:]) if runner is not None and prefill.aux is not None else None
                 costs = measure_costs(target, runner, context.tokens[0], len(context.prompt), feature)
-            self.policy = ShapePolicy(self.shape, costs, correct_costs=self.costs is None)
+            block = self.draft is not None and self.draft.config.parallel
+            self.policy = ShapePolicy(self.shape, costs, correct_costs=self.costs is None, block=block)
         return self.policy
 
 
@@ -88,7 +92,13 @@ class AutoRun:
         found, ngram = self.lookup.propose(self.shape.lookup)
         k, l = self.policy.choose(anchors is not None, len(found), ngram)
         chain: list[int] = []
-        if k and anchors is not None:
+        if k and anchors is not None and anchors.runner.draft.config.parallel:
+            first = anchors.first_waiting
+            logits = anchors.block(k)  # [k, N]
+            if first is not None:
+                self._score(anchors, first, anchors.root, context, idle=False)
+            chain = anchors.target_ids[logits.argmax(-1).cpu()].tolist()
+        elif k and anchors is not None:
             if anchors.waiting:
                 self._read(anchors, context, idle=False)
             committed = anchors.runner.length
@@ -102,6 +112,10 @@ class AutoRun:
     def _read(self, anchors: DraftAnchors, context: Context, idle: bool) -> None:
         """Read the waiting anchors and score the draft's first token at each in hindsight."""
         first, step = anchors.read()
+        self._score(anchors, first, step, context, idle)
+
+    def _score(self, anchors: DraftAnchors, first: int, step: DraftStep, context: Context, idle: bool) -> None:
+        """Score the draft's first token at each anchor of `step` (read from position `first` on) in hindsight."""
         guesses = anchors.target_ids[step.logits[:-1].argmax(-1).cpu()].tolist()  # [n-1] target ids
         self.policy.draft_read(first_token_hits(guesses, first, context.sequence(), len(context.prompt)), idle)
 

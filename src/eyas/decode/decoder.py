@@ -28,7 +28,7 @@ from eyas.decode.auto import AutoProposer
 from eyas.decode.choices import ChoiceLog, TargetChoices
 from eyas.decode.costs import RoundCosts, settle
 from eyas.decode.policy import PolicyState
-from eyas.decode.proposers import NothingProposer, Proposer, TreeProposer
+from eyas.decode.proposers import BlockProposer, NothingProposer, Proposer, TreeProposer
 from eyas.decode.recorded import Continuation
 from eyas.decode.rounds import Context, Outcome, Proposal, commit_tokens, generation_done
 from eyas.decode.runners import TargetForwards, TargetRunner, TargetStep
@@ -75,8 +75,8 @@ class Generation:
 
 def proposer_for(draft: Eagle3Draft | None, shape: TreeShape | AutoShape | None, sampling: Sampling,
                  generator: torch.Generator, costs: RoundCosts | None) -> Proposer:
-    """Return the proposer of `shape` (None: the target alone). Refuses a draft without a shape and a fixed
-    shape without a draft."""
+    """Return the proposer of `shape` (None: the target alone): a P-EAGLE draft's chain is a block drafted in one
+    forward. Refuses a draft without a shape, a fixed shape without a draft, and a tree of a P-EAGLE draft."""
     if shape is None:
         if draft is not None:
             raise ValueError("a draft needs a tree, chain or auto shape")
@@ -85,6 +85,11 @@ def proposer_for(draft: Eagle3Draft | None, shape: TreeShape | AutoShape | None,
         return AutoProposer(shape, draft, costs)
     if draft is None:
         raise ValueError(f"{shape.describe()} needs a draft")
+    if draft.config.parallel:
+        if not shape.chain:
+            raise ValueError(f"a {draft.config.family} draft drafts a chain in one forward, not a {shape.describe()}; "
+                             "give --chain K or --auto")
+        return BlockProposer(draft, shape.depth, sampling, generator)
     return TreeProposer(draft, shape, sampling, generator)
 
 

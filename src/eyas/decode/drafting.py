@@ -14,6 +14,13 @@ committed anchors, its ancestors' tree anchors and itself), and each proposes it
 children. Scores are cumulative log-probabilities of the draft (temperature 1). All proposed
 nodes are then reranked and the `total` best are verified. A sampled chain draws each token from
 the draft's warped distribution and remembers it, for speculative sampling.
+
+A P-EAGLE draft proposes a block instead (`DraftAnchors.block`): one forward runs the waiting anchors
+and K-1 parallel slots after the root anchor, at positions `root+1..root+K-1`, each reading the mask
+token and the mask feature and seeing the cached anchors and the slots before it (eyas.draft.ttt: the
+layout it was trained in). The root anchor's logits give token 1 and slot i's give token i+1; the
+slots leave the cache again. `block_chain` makes the block a chain: top-1 tokens, or each drawn from
+its slot's warped distribution, which it carries for speculative sampling.
 """
 
 from __future__ import annotations
@@ -55,6 +62,7 @@ class DraftAnchors:
         self.runner = DraftRunner(draft)
         self.target_ids = target_ids_of(self.runner)
         self._root: DraftStep | None = None
+        self._root_position = 0
         self._aux: list[torch.Tensor] = []  # [r, A*H_t] each
         self._tokens: list[int] = []
         self._positions: list[int] = []
@@ -63,6 +71,11 @@ class DraftAnchors:
     def waiting(self) -> int:
         """The number of anchors not read yet."""
         return len(self._tokens)
+
+    @property
+    def first_waiting(self) -> int | None:
+        """The position of the first anchor not read yet (None: none waits)."""
+        return self._positions[0] if self._positions else None
 
     @property
     def root(self) -> DraftStep:
@@ -86,10 +99,40 @@ class DraftAnchors:
         if not self._tokens:
             raise ValueError("draft anchors: nothing to read")
         first = self._positions[0]
-        self._root = self.runner.forward(self.runner.fuse(torch.cat(self._aux)), torch.tensor(self._tokens),
-                                         torch.tensor(self._positions))
-        self._aux, self._tokens, self._positions = [], [], []
-        return first, self._root
+        self._forward(0)
+        return first, self.root
+
+    def block(self, length: int) -> torch.Tensor:
+        """Return `[length, N]` logits of a P-EAGLE block after the root anchor: the root's, then those of
+        `length-1` parallel slots, run in one forward with the waiting anchors (which it reads: `root` moves
+        on); the slots leave the cache again. Refuses (ValueError) a draft of another family, and a block
+        before the first read when no anchor waits."""
+        if not self._tokens and self._root is None:
+            raise ValueError("draft anchors: nothing read yet")
+        slots = length - 1
+        step = self._forward(slots)
+        self.runner.crop(self.runner.length - slots)
+        return torch.cat([self.root.logits[-1:], step.logits[step.logits.shape[0] - slots:]])
+
+    def _forward(self, slots: int) -> DraftStep:
+        """Run the waiting anchors, then `slots` parallel slots, in one forward (eyas.draft.ttt: a slot sees the
+        cache and the slots before it); the anchors' output becomes `root`. Return the whole step."""
+        draft, waiting = self.runner.draft, len(self._tokens)
+        features = [self.runner.fuse(torch.cat(self._aux))] if waiting else []  # [r, H]
+        tokens, positions = list(self._tokens), list(self._positions)
+        if slots:
+            with torch.inference_mode():
+                mask_token, mask_feature = draft.mask_slot()
+            features.append(mask_feature[None].expand(slots, -1))  # [slots, H]
+            last = positions[-1] if waiting else self._root_position
+            tokens += [mask_token] * slots
+            positions += range(last + 1, last + 1 + slots)
+        step = self.runner.forward(torch.cat(features), torch.tensor(tokens), torch.tensor(positions))
+        if waiting:
+            self._root = DraftStep(step.hidden[:waiting], step.logits[:waiting])
+            self._root_position = self._positions[-1]
+            self._aux, self._tokens, self._positions = [], [], []
+        return step
 
 
 def target_ids_of(drafter: DraftRunner) -> torch.Tensor:
@@ -117,6 +160,32 @@ def draft_chain(drafter: DraftRunner, root: DraftStep, root_anchor: int, length:
     return chain
 
 
+def chain_token(logits: torch.Tensor, sampling: Sampling, generator: torch.Generator, target_ids: torch.Tensor,
+                vocab: int) -> tuple[float, int, torch.Tensor | None]:
+    """Return `(log-probability, target id, distribution)` of the next token of a chain from the draft's
+    `logits [N]`: the top-1 token with greedy decoding (no distribution), else one drawn from the draft's warped
+    distribution, which comes back over the target vocabulary `[vocab]`."""
+    logp = torch.log_softmax(logits.float().cpu(), dim=-1)  # [N]
+    if sampling.greedy:
+        draft_id = int(logp.argmax())
+        return float(logp[draft_id]), int(target_ids[draft_id]), None
+    q = sampling.probs(logits.cpu())  # [N]
+    draft_id = int(torch.multinomial(q, 1, generator=generator))
+    return float(logp[draft_id]), int(target_ids[draft_id]), torch.zeros(vocab).index_copy_(0, target_ids, q)
+
+
+def block_chain(logits: torch.Tensor, sampling: Sampling, generator: torch.Generator, target_ids: torch.Tensor,
+                vocab: int) -> DraftTree:
+    """Return the chain of a P-EAGLE block's `logits [K, N]` (`DraftAnchors.block`): token i from row i,
+    top-1 or drawn (`chain_token`), scored by cumulative log-probability."""
+    picked = [chain_token(row, sampling, generator, target_ids, vocab) for row in logits]
+    scores = torch.tensor([logp for logp, _, _ in picked], dtype=torch.float64).cumsum(0)
+    dists = [dist for _, _, dist in picked if dist is not None]
+    length = len(picked)
+    return DraftTree(torch.tensor([token for _, token, _ in picked]), torch.arange(-1, length - 1),
+                     torch.arange(1, length + 1), scores, torch.stack(dists) if dists else None)
+
+
 class TreeDrafter:
     """Grows the tree of a round from the draft's output at the root anchor, in the cache of `anchors`."""
 
@@ -127,12 +196,10 @@ class TreeDrafter:
 
     def _children(self, logits: torch.Tensor, score: float) -> list[tuple[float, int, torch.Tensor | None]]:
         """Return `(score, target id, draft distribution over the target vocab or None)` of proposed children."""
+        if self.shape.chain:
+            logp, token, dist = chain_token(logits, self.sampling, self.generator, self.target_ids, self.vocab)
+            return [(score + logp, token, dist)]
         logp = torch.log_softmax(logits.float().cpu(), dim=-1)  # [N]
-        if self.shape.chain and not self.sampling.greedy:
-            q = self.sampling.probs(logits.cpu())  # [N]
-            draft_id = int(torch.multinomial(q, 1, generator=self.generator))
-            dist = torch.zeros(self.vocab).index_copy_(0, self.target_ids, q)  # [V]
-            return [(score + float(logp[draft_id]), int(self.target_ids[draft_id]), dist)]
         top = logp.topk(self.shape.top_k)
         return [(score + float(v), int(self.target_ids[i]), None) for v, i in zip(top.values, top.indices)]
 

@@ -11,9 +11,10 @@ round is expected to commit
 
 tokens (the 1 is the target's own token after the accepted ones), and to cost
 
-    C(k, l) = verify(1 + k + l) + k * draft_step + overhead [k + l > 0]
+    C(k, l) = verify(1 + k + l) + draft(k) + overhead [k + l > 0],   draft(k) = k * draft_step
 
-seconds, where `verify` and `draft_step` are measured (eyas.decode.costs) and `overhead` is the
+seconds (a block drafter, P-EAGLE, drafts its whole chain in one forward: draft(k) = draft_step [k > 0]),
+where `verify` and `draft_step` are measured (eyas.decode.costs) and `overhead` is the
 running mean of what speculative rounds took beyond their target and draft forwards (Python,
 masks, cache trimming). A measurement taken once can be off (a noisy neighbour during the few
 timed forwards, a CPU that clocks down later), and the decision between one verified token and
@@ -112,9 +113,10 @@ class PolicyState:
 class ShapePolicy:
     """Chooses each round's (draft chain length, lookup length) and learns from verified rounds and hindsight."""
 
-    def __init__(self, shape: AutoShape, costs: RoundCosts, correct_costs: bool = True) -> None:
-        """`correct_costs`: scale `costs` by the observed forward times (False: take them as given)."""
-        self.shape, self.costs, self.correct_costs = shape, costs, correct_costs
+    def __init__(self, shape: AutoShape, costs: RoundCosts, correct_costs: bool = True, block: bool = False) -> None:
+        """`correct_costs`: scale `costs` by the observed forward times (False: take them as given); `block`: the
+        draft proposes its chain in one forward (P-EAGLE)."""
+        self.shape, self.costs, self.correct_costs, self.block = shape, costs, correct_costs, block
         self.draft = AcceptanceEstimate(shape.max_chain)
         self.lookup: dict[int, AcceptanceEstimate] = {}  # by the n-gram length of the proposal
         self.overhead: float | None = None  # seconds; None until a speculative round was observed
@@ -134,14 +136,19 @@ class ShapePolicy:
         max_k = self.shape.max_chain if can_draft else 0
         max_l = min(self.shape.lookup, lookup_available)
         expected = ExpectedTokens(self.draft.reach(max_k), self._lookup(ngram).reach(max_l) if max_l else [])
-        overhead, draft_step, verify, scale = self.overhead or 0.0, self.costs.draft_step, self._measured, self.scale[1]
+        overhead, verify, scale = self.overhead or 0.0, self._measured, self.scale[1]
         best, best_rate = (0, 0), 1.0 / (verify[0] * self.scale[0])
         for k in range(max_k + 1):
+            drafting = self._draft_seconds(k)
             for l in range(1 if k == 0 else 0, max_l + 1):
-                rate = expected(k, l) / (verify[k + l] * scale + k * draft_step + overhead)
+                rate = expected(k, l) / (verify[k + l] * scale + drafting + overhead)
                 if rate > best_rate:
                     best, best_rate = (k, l), rate
         return best
+
+    def _draft_seconds(self, k: int) -> float:
+        """Return draft(k) of the module docstring: the seconds drafting a chain of `k` tokens costs."""
+        return self.costs.draft_step * (min(k, 1) if self.block else k)
 
     def state(self) -> PolicyState:
         """Return the costs and corrections the policy plans with now."""
@@ -165,7 +172,7 @@ class ShapePolicy:
         if l:
             self._lookup(ngram).update(l, l_matched)
         if round_seconds is not None and forward_seconds is not None and k + l:
-            extra = max(round_seconds - forward_seconds - k * self.costs.draft_step, 0.0)
+            extra = max(round_seconds - forward_seconds - self._draft_seconds(k), 0.0)
             self.overhead = extra if self.overhead is None else self.overhead * 0.9 + extra * 0.1
 
     def read_due(self) -> bool:

@@ -117,7 +117,7 @@ class _CachedAttention:
 
 @dataclass(frozen=True)
 class DraftStep:
-    """`hidden [n, H]`: the draft's pre-norm outputs (the features of the next draft step);
+    """`hidden [n, H]`: the features the next draft step reads (the draft's outputs, `Eagle3Draft.carry`);
     `logits [n, N]` float32 over the draft vocabulary."""
 
     hidden: torch.Tensor
@@ -160,7 +160,7 @@ class DraftRunner:
             self.keys[i], self.values[i] = torch.cat(layer_kv.keys, dim=2), torch.cat(layer_kv.values, dim=2)
         self.length += n
         self.forwards += 1
-        return DraftStep(out[0], self.draft.logits(out)[0].float())
+        return DraftStep(self.draft.carry(out)[0], self.draft.logits(out)[0].float())
 
     def crop(self, length: int) -> None:
         """Drop every cache entry after the first `length`."""

@@ -4,6 +4,15 @@ Written as the draft directory's `config.json`. The keys engines read (`hidden_s
 `draft_vocab_size`, `target_hidden_size`, `rope_theta`, `rope_scaling`, ...) are named as in the
 EAGLE-3 Hugging Face format; the aux layer ids are stored in eyas's input convention and the
 convention is recorded next to them (export converts them per engine).
+
+`family` names the draft family (DESIGN 4b) that the weights belong to:
+
+- `eagle3`: the autoregressive EAGLE-3 draft, trained with training-time test;
+- `peagle`: P-EAGLE, the same layers drafting K tokens in one forward: the slots past the first read
+  the token `mask_token_id` and the learned `mask_hidden` feature instead of the previous draft step.
+
+EAGLE-3.1's options, for either family: `fc_norm` (an RMSNorm per aux feature before `fc`) and
+`norm_output` (each draft step passes its post-norm output to the next, not its pre-norm one).
 """
 
 from __future__ import annotations
@@ -11,7 +20,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, PositiveInt, ValidationError
+from pydantic import BaseModel, ConfigDict, NonNegativeInt, PositiveInt, ValidationError, model_validator
 
 from eyas.errors import EyasError
 from eyas.files import read_json_object
@@ -21,6 +30,8 @@ from eyas.models.layers import layer_id_problems
 ARCHITECTURE = "EyasEagle3Draft"
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
+Family = Literal["eagle3", "peagle"]
+FAMILIES: tuple[Family, ...] = ("eagle3", "peagle")
 
 
 class DraftConfig(BaseModel):
@@ -44,12 +55,30 @@ class DraftConfig(BaseModel):
     draft_vocab_size: PositiveInt
     aux_layer_ids: list[int]
     layer_convention: Literal["input"] = "input"
+    family: Family = "eagle3"
+    fc_norm: bool = False
+    norm_output: bool = False
+    mask_token_id: NonNegativeInt | None = None
     target: TargetFingerprint | None = None
     eyas_version: str = ""
+
+    @model_validator(mode="after")
+    def _mask_token_of_the_family(self) -> DraftConfig:
+        if (self.mask_token_id is None) != (self.family != "peagle"):
+            raise ValueError(f"mask_token_id: {self.mask_token_id}; a peagle draft needs one (the token its parallel "
+                             "slots read) and an eagle3 draft has none")
+        if self.mask_token_id is not None and self.mask_token_id >= self.vocab_size:
+            raise ValueError(f"mask_token_id: {self.mask_token_id} is outside the {self.vocab_size}-token vocabulary")
+        return self
 
     @property
     def num_aux(self) -> int:
         return len(self.aux_layer_ids)
+
+    @property
+    def parallel(self) -> bool:
+        """Whether the draft proposes a block in one forward (P-EAGLE) rather than token by token."""
+        return self.family == "peagle"
 
 
 def _rope_of(target_config: Any) -> tuple[float, dict[str, Any] | None]:
@@ -64,9 +93,19 @@ def _rope_of(target_config: Any) -> tuple[float, dict[str, Any] | None]:
     return float(getattr(target_config, "rope_theta", 10000.0)), dict(scaling) if scaling else None
 
 
+def default_mask_token(target_config: Any) -> int:
+    """Return the token a P-EAGLE draft's parallel slots read when none is given: the target's padding token
+    where its config names one, else the last id of its vocabulary. Its (frozen) embedding only marks a slot
+    as masked; the learned `mask_hidden` carries the rest."""
+    text = getattr(target_config, "text_config", None) or target_config
+    pad = getattr(text, "pad_token_id", None)
+    return int(pad) if isinstance(pad, int) and 0 <= pad < int(text.vocab_size) else int(text.vocab_size) - 1
+
+
 def draft_config_for_target(target_config: Any, aux_layer_ids: list[int], draft_vocab_size: int,
                             target: TargetFingerprint | None, overrides: dict[str, Any] | None = None) -> DraftConfig:
-    """Return the draft config whose sizes, heads and rope are the target's, updated with `overrides`.
+    """Return the draft config whose sizes, heads and rope are the target's, updated with `overrides`
+    (a `peagle` family without a `mask_token_id` gets `default_mask_token`).
 
     Refuses a hidden size different from the target's: the draft reads the target's (frozen)
     embedding, so both must have the same width.
@@ -90,6 +129,8 @@ def draft_config_for_target(target_config: Any, aux_layer_ids: list[int], draft_
         "target": target, "eyas_version": __version__,
     }
     values.update({k: v for k, v in (overrides or {}).items() if v is not None})
+    if values.get("family") == "peagle" and values.get("mask_token_id") is None:
+        values["mask_token_id"] = default_mask_token(target_config)
     if values["hidden_size"] != hidden:
         raise EyasError(f"draft hidden_size: {values['hidden_size']} differs from the target's {hidden}; "
                         "the draft shares the target's embedding, so they must match")
@@ -110,7 +151,7 @@ def read_draft_config(draft_dir: Path) -> DraftConfig:
         return DraftConfig.model_validate(raw)
     except ValidationError as exc:
         error = exc.errors()[0]
-        field = ".".join(map(str, error["loc"]))
+        field = ".".join(map(str, error["loc"])) or "config"
         raise EyasError(f"{path}: {field}: {error['msg']}") from None
 
 

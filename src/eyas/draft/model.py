@@ -10,6 +10,14 @@ attention input, final norm and an LM head over the draft vocabulary.
 Further layers (`num_hidden_layers > 1`) are plain pre-norm Llama layers on `out`. The embedding
 is the target's, frozen and never saved; `d2t [N]` (target id = i + d2t[i]) and `t2d [V]` are
 buffers saved with the weights. Norms, MLP and rotary embedding are transformers' Llama modules.
+
+EAGLE-3.1's options (eyas.draft.config): with `fc_norm` the fusion is `fc(cat(n_1(aux_1), .., n_A(aux_A)))`
+with one RMSNorm `fc_norm.{i}` per aux feature; with `norm_output` step j+1 reads `norm(out_j)`, the
+post-norm output its logits were computed from, instead of `out_j` (`carry`).
+
+P-EAGLE (`family: peagle`): the slots past the first of a drafted block read the token `mask_token_id`
+and the feature `fuse(mask_hidden)`, one learned `[A*H_t]` vector in the aux space (so it passes
+`fc_norm` and `fc` as a real feature does), instead of the previous step's output (`mask_slot`).
 """
 
 from __future__ import annotations
@@ -28,6 +36,7 @@ from eyas.errors import EyasError
 from eyas.files import read_tensors, write_atomic, write_json_atomic
 
 FROZEN = ("embed_tokens.weight",)
+MASK_HIDDEN_STD = 0.02  # the learned P-EAGLE slot feature starts small, as embeddings do
 
 
 def _llama_config(config: DraftConfig):  # noqa: ANN202 - transformers' LlamaConfig
@@ -109,7 +118,12 @@ class Eagle3Draft(nn.Module):
         H = config.hidden_size
         self.embed_tokens = nn.Embedding(config.vocab_size, H)
         self.embed_tokens.weight.requires_grad_(False)
+        if config.fc_norm:
+            self.fc_norm = nn.ModuleList([LlamaRMSNorm(config.target_hidden_size, eps=config.rms_norm_eps)
+                                          for _ in range(config.num_aux)])
         self.fc = nn.Linear(config.num_aux * config.target_hidden_size, H, bias=False)
+        if config.parallel:
+            self.mask_hidden = nn.Parameter(torch.randn(config.num_aux * config.target_hidden_size) * MASK_HIDDEN_STD)
         self.layers = nn.ModuleList([DraftLayer(config, first=i == 0) for i in range(config.num_hidden_layers)])
         self.norm = LlamaRMSNorm(H, eps=config.rms_norm_eps)
         self.lm_head = nn.Linear(H, config.draft_vocab_size, bias=False)
@@ -122,8 +136,25 @@ class Eagle3Draft(nn.Module):
         return [StepKV() for _ in self.layers]
 
     def fuse(self, aux: torch.Tensor) -> torch.Tensor:
-        """Return `fc(aux)`: `[B, T, H]` from the target's concatenated aux features `[B, T, A*H_t]`."""
-        return self.fc(aux.to(self.fc.weight.dtype))
+        """Return `fc(aux)`: `[..., H]` from the target's concatenated aux features `[..., A*H_t]` (each feature
+        normed first with `fc_norm`)."""
+        aux = aux.to(self.fc.weight.dtype)
+        if self.config.fc_norm:
+            aux = torch.cat([norm(chunk) for norm, chunk in zip(self.fc_norm, aux.chunk(self.config.num_aux, dim=-1))],
+                            dim=-1)
+        return self.fc(aux)
+
+    def mask_slot(self) -> tuple[int, torch.Tensor]:
+        """Return what every parallel slot of a P-EAGLE block reads: the mask token id and the feature `[H]`.
+        Refuses (ValueError) a draft of another family."""
+        if self.config.mask_token_id is None:
+            raise ValueError(f"parallel slots: a {self.config.family} draft has none")
+        return self.config.mask_token_id, self.fuse(self.mask_hidden)
+
+    def carry(self, out: torch.Tensor) -> torch.Tensor:
+        """Return the feature the next draft step reads from this step's pre-norm outputs `out [..., H]`: the
+        outputs themselves, or with `norm_output` their final norm."""
+        return self.norm(out) if self.config.norm_output else out
 
     def step(self, hidden: torch.Tensor, input_ids: torch.Tensor, position_ids: torch.Tensor, kv: list[StepKV],
              attention: TTTAttention) -> torch.Tensor:

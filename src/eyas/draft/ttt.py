@@ -5,6 +5,13 @@ pre-norm output of step j-1 at t as its feature; it predicts the target's distri
 position `t+1+j`. Its rotary position is the sample position of t plus j (the position the
 drafted token has at inference), and its attention sees the step-0 keys of its document's
 causal prefix plus its own position at each earlier step (see attention.py).
+
+A P-EAGLE draft (`family: peagle`) is unrolled the same way, except that step j >= 1 reads the mask token
+and the learned mask feature instead of the token `t+1+j` and step j-1's output: the K slots of a block
+drafted in one forward at anchor t are exactly the K steps at t, with the same positions and the same
+attention (the context's step-0 keys and the block's earlier slots), so one unroll trains what the engine
+drafts. Step j is still scored against the target at `t+1+j`: the slot at position t+j guesses the
+token after it, having seen the context up to the token `t+1` only.
 """
 
 from __future__ import annotations
@@ -38,6 +45,12 @@ def unroll(draft: Eagle3Draft, aux: torch.Tensor, input_ids: torch.Tensor, posit
     kv = draft.new_kv()
     hidden = draft.fuse(aux)  # [B, T, H]
     for j in range(steps):
-        tokens = shift_left(input_ids, 1 + j)  # [B, T]: token t+1+j
-        hidden = draft.step(hidden, tokens, position_ids + j, kv, attend)  # [B, T, H]
-        yield draft.logits(hidden)  # [B, T, N]
+        if j and draft.config.parallel:
+            mask_token, mask_feature = draft.mask_slot()  # [H]
+            tokens = torch.full_like(input_ids, mask_token)  # [B, T]
+            hidden = mask_feature.expand_as(hidden)  # [B, T, H]
+        else:
+            tokens = shift_left(input_ids, 1 + j)  # [B, T]: token t+1+j
+        out = draft.step(hidden, tokens, position_ids + j, kv, attend)  # [B, T, H]
+        yield draft.logits(out)  # [B, T, N]
+        hidden = draft.carry(out)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import random
 from pathlib import Path
+from typing import Any
 
 from eyas.testing.tiny import CORPUS, build_tiny_target, train_tiny_target
 
@@ -73,18 +74,27 @@ def _trained_target(root: Path, conversations: list[list[dict[str, str]]], seed:
 
 def _draft_of(root: Path, target: Path, data: Path, seed: int) -> dict[str, Path]:
     """Prepare `data`, extract its features and train a draft on them, all in float32; return `store` and `run`."""
-    from eyas.config import ExtractConfig, PrepareConfig, TrainConfig
+    from eyas.config import ExtractConfig, PrepareConfig
     from eyas.data.prepare import run_prepare
     from eyas.features.extract import run_extract
-    from eyas.train.loop import run_train
 
     run_prepare(PrepareConfig(target=target, data=[data], out=root / "dataset", draft_vocab_size=256))
     run_extract(ExtractConfig(target=target, data=root / "dataset", out=root / "store", dtype="float32",
                               storage_dtype="fp32", device="cpu"))
-    run_train(TrainConfig(features=root / "store", out=root / "run", max_steps=60, lr=3e-3, ttt_steps=TTT_STEPS,
-                          token_budget=2048, device="cpu", eval_fraction=EVAL_FRACTION, row_tokens=512, eval_every=30,
-                          seed=seed, dtype="float32", target_dtype="float32"))
+    train_draft(root / "store", root / "run", seed)
     return {"store": root / "store", "run": root / "run"}
+
+
+def train_draft(store: Path, out: Path, seed: int = 0, **family: Any) -> Path:
+    """Train the learned pair's draft on `store` into `out` (60 steps, TTT_STEPS steps, float32) and return `out`;
+    `family` sets the draft family and its options (TrainConfig's `family`, `fc_norm`, `norm_output`, ...)."""
+    from eyas.config import TrainConfig
+    from eyas.train.loop import run_train
+
+    run_train(TrainConfig(features=store, out=out, max_steps=60, lr=3e-3, ttt_steps=TTT_STEPS, token_budget=2048,
+                          device="cpu", eval_fraction=EVAL_FRACTION, row_tokens=512, eval_every=30, seed=seed,
+                          dtype="float32", target_dtype="float32", **family))
+    return out
 
 
 def greedy_rounds(target: Path, draft_dir: Path, shape: tuple[int, int, int, bool],

@@ -121,6 +121,18 @@ def _check_warm_start(init_dir: Path, init: DraftConfig, target_config: object, 
         raise EyasError(f"{init_dir}: not a warm start for this run: " + "; ".join(problems))
 
 
+FAMILY_OPTIONS = ("family", "fc_norm", "norm_output", "mask_token_id")
+
+
+def _check_warm_start_family(config: TrainConfig, init: DraftConfig) -> None:
+    """Refuse a warm start from a draft of another family or EAGLE-3.1 option than the run asks for: the
+    weights would be read by layers they were not trained as."""
+    differs = [f"{name}: --init is {getattr(init, name)}, this run asks for {getattr(config, name)}"
+               for name in FAMILY_OPTIONS if getattr(config, name) is not None and getattr(config, name) != getattr(init, name)]
+    if differs:
+        raise EyasError(f"{config.init}: " + "; ".join(differs) + " (leave them out to keep the warm-start draft's)")
+
+
 def resolve_train(config: TrainConfig) -> TrainSetup:
     """Return the run's setup; refuses, before any weight is read, inputs that do not belong together."""
     if config.features is None and config.data is None:
@@ -161,12 +173,14 @@ def resolve_train(config: TrainConfig) -> TrainSetup:
         vocab = _warm_start_vocab(config.init, dataset_dir, manifest)
         init = read_draft_config(config.init)
         _check_warm_start(config.init, init, target_config, aux_ids)
+        _check_warm_start_family(config, init)
         draft_config = DraftConfig.model_validate({**init.model_dump(), "target": fingerprint})
     else:
         vocab = _dataset_vocab(dataset_dir, manifest, config.draft_vocab_size)
         draft_config = draft_config_for_target(
             target_config, aux_ids, len(vocab.d2t), fingerprint,
-            {"num_hidden_layers": config.num_layers, "intermediate_size": config.intermediate_size},
+            {"num_hidden_layers": config.num_layers, "intermediate_size": config.intermediate_size,
+             **{name: getattr(config, name) for name in FAMILY_OPTIONS}},
         )
     if len(vocab.t2d) != draft_config.vocab_size:
         raise EyasError(f"vocab: t2d covers {len(vocab.t2d)} target tokens, the target has {draft_config.vocab_size}")
