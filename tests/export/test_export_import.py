@@ -29,10 +29,10 @@ VOCAB, DRAFT_VOCAB, HIDDEN, TARGET_LAYERS = 96, 40, 32, 8
 AUX = [2, 4, 5]  # input convention
 
 
-def random_draft(root: Path, layers: int = 1) -> Path:
+def random_draft(root: Path, layers: int = 1, **family: object) -> Path:
     target = transformers.LlamaConfig(hidden_size=HIDDEN, intermediate_size=64, num_attention_heads=4,
                                       num_key_value_heads=2, vocab_size=VOCAB, num_hidden_layers=TARGET_LAYERS)
-    draft = Eagle3Draft(draft_config_for_target(target, AUX, DRAFT_VOCAB, None, {"num_hidden_layers": layers}))
+    draft = Eagle3Draft(draft_config_for_target(target, AUX, DRAFT_VOCAB, None, {"num_hidden_layers": layers, **family}))
     generator = torch.Generator().manual_seed(0)
     with torch.no_grad():
         for p in draft.parameters():
@@ -93,6 +93,46 @@ def test_export_then_import_gives_identical_tensors_and_logits(run_cli, tmp_path
     assert got.keys() == expected.keys() and all(torch.equal(got[k], expected[k]) for k in expected)
     assert torch.equal(logits_of(back), logits_of(original))
     assert json.loads((back / "config.json").read_text())["aux_layer_ids"] == AUX
+
+
+@pytest.mark.parametrize("family", [{"family": "peagle"}, {"fc_norm": True, "norm_output": True},
+                                    {"family": "peagle", "mask_token_id": 5, "fc_norm": True}],
+                         ids=["peagle", "eagle3.1", "peagle-fc-norm"])
+@pytest.mark.parametrize("fmt", ["vllm", "speculators"])
+def test_families_export_where_vllm_reads_them_and_import_back(run_cli, tmp_path: Path, fmt: str,
+                                                                family: dict[str, object]) -> None:
+    """The keys sit where vLLM 0.32 reads them (llama_eagle3.py, speculators/algos.py: a peagle layer config
+    carries the options, an eagle3 one the top level); the round trip is exact, family and options included."""
+    original = random_draft(tmp_path, **family)
+    exported = tmp_path / fmt
+    assert run_cli("export", "--draft", original, "--format", fmt, "--out", exported).code == 0
+    written = json.loads((exported / "config.json").read_text())
+    names = set(load_file(str(exported / "model.safetensors")))
+    parallel = family.get("family") == "peagle"
+    options = {k: True for k in ("fc_norm", "norm_output") if family.get(k)}
+    if fmt == "vllm":
+        assert {k: written.get(k) for k in options} == options
+    else:
+        assert written["speculators_model_type"] == ("peagle" if parallel else "eagle3")
+        where = written["transformer_layer_config"] if parallel else written
+        assert {k: where.get(k) for k in options} == options
+    assert ("mask_hidden" in names) == parallel and ("fc_norm.0.weight" in names) == bool(family.get("fc_norm"))
+    if parallel:
+        assert written["mask_token_id"] == family.get("mask_token_id", VOCAB - 1)  # the default: the last id
+    back = tmp_path / "back"
+    assert run_cli("import", exported, "--out", back).code == 0
+    expected, got = load_file(str(original / "model.safetensors")), load_file(str(back / "model.safetensors"))
+    assert got.keys() == expected.keys() and all(torch.equal(got[k], expected[k]) for k in expected)
+    keys = ("family", "mask_token_id", "fc_norm", "norm_output")
+    mine, theirs = json.loads((original / "config.json").read_text()), json.loads((back / "config.json").read_text())
+    assert {k: theirs[k] for k in keys} == {k: mine[k] for k in keys}
+
+
+def test_sglang_refuses_what_its_eagle3_draft_does_not_read(run_cli, tmp_path: Path) -> None:
+    result = run_cli("export", "--draft", random_draft(tmp_path, family="peagle", fc_norm=True), "--format", "sglang",
+                     "--out", tmp_path / "sglang")
+    assert result.code == 2 and "fc_norm, family: peagle; SGLang's EAGLE-3 draft reads none of these" in result.err
+    assert not (tmp_path / "sglang").exists()
 
 
 def test_layer_ids_per_engine_and_back(run_cli, tmp_path: Path) -> None:

@@ -28,6 +28,7 @@ from eyas.backends.vllm.startup import vllm_target_problem
 from eyas.config import EvalConfig, ExportConfig
 from eyas.errors import CannotRun, EyasError
 from eyas.export.writer import run_export
+from eyas.draft.config import read_draft_config
 
 if TYPE_CHECKING:
     from eyas.backends.vllm.serve import VllmEngine
@@ -118,7 +119,7 @@ def serve_in_vllm(config: EvalConfig, prompts: list[list[int]], stop: set[int], 
     with _exported(config) as draft:
         with VllmEngine(**arguments) as engine:
             alone, alone_tokens = _pass(engine, prompts, config, stop, chain, None, None)
-        with VllmEngine(**arguments, speculative=eagle3_method(draft, chain)) as engine:
+        with VllmEngine(**arguments, speculative=eagle3_method(draft, chain, _parallel(config))) as engine:
             eagle3, _ = _pass(engine, prompts, config, stop, chain, alone, alone_tokens)
     with VllmEngine(**arguments, speculative=ngram_method(chain, NGRAM_LOOKUP_MAX)) as engine:
         ngram, _ = _pass(engine, prompts, config, stop, chain, alone, alone_tokens)
@@ -143,7 +144,8 @@ def served_draft_tau(config: EvalConfig, prompt_sets: dict[str, list[list[int]]]
     assert chain is not None
     arguments = _engine_arguments(config, [row for rows in prompt_sets.values() for row in rows])
     figures = {}
-    with _exported(config) as draft, VllmEngine(**arguments, speculative=eagle3_method(draft, chain)) as engine:
+    with _exported(config) as draft, \
+            VllmEngine(**arguments, speculative=eagle3_method(draft, chain, _parallel(config))) as engine:
         for name, prompts in prompt_sets.items():
             figures[name], _ = _pass(engine, prompts, config, stop, chain, None, None)
             _check_drafted(config, figures[name])
@@ -168,6 +170,11 @@ def _exported(config: EvalConfig) -> Iterator[Path]:
         run_export(ExportConfig(draft=config.draft, format="vllm", out=draft, target=config.target,
                                 trust_remote_code=config.trust_remote_code))
         yield draft
+
+
+def _parallel(config: EvalConfig) -> bool:
+    """Return whether `config.draft` drafts its chain in one forward (P-EAGLE)."""
+    return read_draft_config(config.draft).parallel
 
 
 def _check_drafted(config: EvalConfig, figures: EngineFigures) -> None:

@@ -20,7 +20,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, NonNegativeInt, PositiveInt, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, PositiveInt, ValidationError, ValidationInfo, field_validator
 
 from eyas.errors import EyasError
 from eyas.files import read_json_object
@@ -58,18 +58,20 @@ class DraftConfig(BaseModel):
     family: Family = "eagle3"
     fc_norm: bool = False
     norm_output: bool = False
-    mask_token_id: NonNegativeInt | None = None
+    mask_token_id: NonNegativeInt | None = Field(None, validate_default=True)
     target: TargetFingerprint | None = None
     eyas_version: str = ""
 
-    @model_validator(mode="after")
-    def _mask_token_of_the_family(self) -> DraftConfig:
-        if (self.mask_token_id is None) != (self.family != "peagle"):
-            raise ValueError(f"mask_token_id: {self.mask_token_id}; a peagle draft needs one (the token its parallel "
-                             "slots read) and an eagle3 draft has none")
-        if self.mask_token_id is not None and self.mask_token_id >= self.vocab_size:
-            raise ValueError(f"mask_token_id: {self.mask_token_id} is outside the {self.vocab_size}-token vocabulary")
-        return self
+    @field_validator("mask_token_id")
+    @classmethod
+    def _mask_token_of_the_family(cls, value: int | None, info: ValidationInfo) -> int | None:
+        family, vocab = info.data.get("family"), info.data.get("vocab_size")
+        if (value is None) != (family != "peagle"):
+            raise ValueError(f"{value}; a peagle draft needs one (the token its parallel slots read) and an "
+                             f"{family} draft has none")
+        if value is not None and vocab is not None and value >= vocab:
+            raise ValueError(f"{value} is outside the {vocab}-token vocabulary")
+        return value
 
     @property
     def num_aux(self) -> int:

@@ -1,5 +1,9 @@
 """Reading published EAGLE-3 drafts (EAGLE-3 HF format, speculators) into eyas's draft, and checking them.
 
+P-EAGLE drafts and EAGLE-3.1's options are read as vLLM reads them: a draft is P-EAGLE when its speculators
+type is `peagle` or it holds a `mask_hidden` tensor, its mask token is `mask_token_id` (or `pard_token`,
+`ptd_token_id`), and `fc_norm` / `norm_output` are taken from the top level or the layer config.
+
 Every problem found is collected (missing keys, missing, unexpected or misshaped tensors, a broken
 vocabulary mapping, sizes or layer ids that do not fit the target) so a check reports them all at
 once. The target is needed only to resolve default layer ids and to check against it.
@@ -84,7 +88,7 @@ def read_published(path: Path) -> Published:
     config = read_json_object(config_path)
     architectures = config.get("architectures") or []
     provenance = config.get("eyas") if isinstance(config.get("eyas"), dict) else {}
-    if config.get("speculators_model_type") == "eagle3" or set(architectures) & set(SPECULATORS_ARCHITECTURES):
+    if config.get("speculators_model_type") in ("eagle3", "peagle") or set(architectures) & set(SPECULATORS_ARCHITECTURES):
         kind, layer = "speculators", config.get("transformer_layer_config")
         if not isinstance(layer, dict):
             raise EyasError(f"{config_path}: transformer_layer_config: missing (a speculators EAGLE-3 config has it)")
@@ -148,9 +152,24 @@ def draft_config_of(published: Published, aux_ids: list[int], target: TargetFing
         "max_position_embeddings": layer.get("max_position_embeddings") or 4096,
         "vocab_size": layer["vocab_size"],
         "draft_vocab_size": config.get("draft_vocab_size") or layer["vocab_size"],
-        "aux_layer_ids": aux_ids, "target": target, "eyas_version": __version__,
+        "aux_layer_ids": aux_ids, "target": target, "eyas_version": __version__, **_family_of(published),
     }
     return DraftConfig.model_validate(values)
+
+
+MASK_TOKEN_KEYS = ("mask_token_id", "pard_token", "ptd_token_id")
+
+
+def _family_of(published: Published) -> dict[str, Any]:
+    """Return the config's `family`, EAGLE-3.1 options and mask token as vLLM reads them (module docstring)."""
+    config, layer = published.config, published.layer
+    parallel = config.get("speculators_model_type") == "peagle" or "mask_hidden" in published.tensors
+    options: dict[str, Any] = {name: bool(config.get(name, layer.get(name, False))) for name in ("fc_norm", "norm_output")}
+    if parallel:
+        options["family"] = "peagle"
+        options["mask_token_id"] = next((source[key] for key in MASK_TOKEN_KEYS for source in (config, layer)
+                                         if source.get(key) is not None), None)
+    return options
 
 
 def _expected_shapes(config: DraftConfig) -> dict[str, tuple[int, ...]]:

@@ -33,16 +33,35 @@ def _layer_config(config: DraftConfig) -> dict[str, Any]:
     }
 
 
+def _family_keys(config: DraftConfig) -> dict[str, Any]:
+    """Return the keys vLLM reads for EAGLE-3.1's options and P-EAGLE's mask token (none for a plain EAGLE-3
+    draft, whose config stays as before)."""
+    keys: dict[str, Any] = {name: True for name in ("fc_norm", "norm_output") if getattr(config, name)}
+    if config.mask_token_id is not None:
+        keys["mask_token_id"] = config.mask_token_id
+    return keys
+
+
 def engine_config(config: DraftConfig, fmt: Format, dtype: str, verifier: str | None,
                   verifier_architectures: list[str], speculative_tokens: int) -> dict[str, Any]:
-    """Return the `config.json` of the draft in format `fmt` (layer ids in that format's convention)."""
+    """Return the `config.json` of the draft in format `fmt` (layer ids in that format's convention).
+
+    EAGLE-3.1's options and P-EAGLE's `mask_token_id` go where vLLM 0.32 reads them: top-level in the HF
+    format; in the speculators format, `speculators_model_type: peagle` with `mask_token_id` top-level and
+    the options inside `transformer_layer_config` (vLLM's peagle reader copies only that), or top-level
+    for eagle3 (whose reader does)."""
     ids = to_engine_ids(config.aux_layer_ids, CONVENTION_OF[fmt])
     provenance = {"layer_convention": CONVENTION_OF[fmt], "aux_layer_ids_input_convention": config.aux_layer_ids,
+                  "family": config.family,
                   "target": config.target.model_dump() if config.target else None, "eyas_version": config.eyas_version}
+    family = _family_keys(config)
     if fmt == "speculators":
+        options = {k: v for k, v in family.items() if k != "mask_token_id"}
+        layer = {**_layer_config(config), **options} if config.parallel else _layer_config(config)
         return {
-            "architectures": ["Eagle3Speculator"], "speculators_model_type": "eagle3",
-            "transformer_layer_config": _layer_config(config), "draft_vocab_size": config.draft_vocab_size,
+            "architectures": ["Eagle3Speculator"], "speculators_model_type": "peagle" if config.parallel else "eagle3",
+            "transformer_layer_config": layer, "draft_vocab_size": config.draft_vocab_size,
+            **({"mask_token_id": config.mask_token_id} if config.parallel else options),
             "norm_before_residual": False, "target_hidden_size": config.target_hidden_size,
             "eagle_aux_hidden_state_layer_ids": ids, "torch_dtype": dtype,
             "speculators_config": {
@@ -54,7 +73,7 @@ def engine_config(config: DraftConfig, fmt: Format, dtype: str, verifier: str | 
         }
     return {
         "architectures": [HF_ARCHITECTURE], **_layer_config(config), "draft_vocab_size": config.draft_vocab_size,
-        "target_hidden_size": config.target_hidden_size, "torch_dtype": dtype,
+        "target_hidden_size": config.target_hidden_size, "torch_dtype": dtype, **family,
         "eagle_config": {"eagle_aux_hidden_state_layer_ids": ids, "use_aux_hidden_state": True},
         PROVENANCE: provenance,
     }
@@ -78,14 +97,18 @@ def _embedding(config: ExportConfig, draft: DraftConfig) -> torch.Tensor:
 def run_export(config: ExportConfig) -> Path:
     """Write the draft of `config.draft` in `config.format` to `config.out`; return `config.out`.
 
-    Refuses a multi-layer draft for SGLang (its EAGLE-3 model has one layer) and aux layer ids the
-    format's convention cannot express.
+    Refuses, for SGLang, a multi-layer draft (its EAGLE-3 model has one layer) and a P-EAGLE draft or
+    EAGLE-3.1's options (it reads none of them); and aux layer ids the format's convention cannot express.
     """
     draft_config = read_draft_config(config.draft)
     fmt: Format = config.format
     if fmt == "sglang" and draft_config.num_hidden_layers > 1:
         raise EyasError(f"{config.draft / CONFIG_FILE}: num_hidden_layers: {draft_config.num_hidden_layers}; SGLang's "
                         "EAGLE-3 draft has one layer (use --format vllm or speculators)")
+    if fmt == "sglang" and (unread := [k for k in _family_keys(draft_config) if k != "mask_token_id"]
+                            + (["family: peagle"] if draft_config.parallel else [])):
+        raise EyasError(f"{config.draft / CONFIG_FILE}: {', '.join(unread)}; SGLang's EAGLE-3 draft reads none of "
+                        "these (use --format vllm or speculators)")
     state = load_draft(config.draft).trainable_state()
     if draft_config.draft_vocab_size == draft_config.vocab_size:
         # the identity mapping: vLLM builds no mapping parameter for a full vocabulary and refuses one given

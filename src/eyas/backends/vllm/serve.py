@@ -24,9 +24,11 @@ class Completion:
     token_ids: list[int]  # the new tokens, the stop token included when generation stopped on one
 
 
-def eagle3_method(draft: Path, tokens: int) -> dict[str, object]:
-    """Return vLLM's `speculative_config` for an EAGLE-3 draft directory (an `eyas export --format vllm` output)."""
-    return {"method": "eagle3", "model": str(draft), "num_speculative_tokens": tokens}
+def eagle3_method(draft: Path, tokens: int, parallel: bool = False) -> dict[str, object]:
+    """Return vLLM's `speculative_config` for an EAGLE-3 draft directory (an `eyas export --format vllm` output);
+    `parallel`: a P-EAGLE draft, which vLLM drafts in one forward only when told (else it runs it as EAGLE-3)."""
+    return {"method": "eagle3", "model": str(draft), "num_speculative_tokens": tokens,
+            **({"parallel_drafting": True} if parallel else {})}
 
 
 def ngram_method(tokens: int, lookup_max: int) -> dict[str, object]:
