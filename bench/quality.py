@@ -33,13 +33,18 @@ their DIR) into one table and plot, so a curve and ablations run apart share the
 with a power law per set through the curve's points, `tau - 1 = a * tokens^b`, and the training tokens at
 which it reaches tau 2.0 (also a `fit` JSON line): what the goals need, from the curve, not a guess.
 `--continuations FILE` adds a demo's continuations (warm-started, so markers, not curve points).
-Torch runs `--threads` intra-op threads (default 2); training runs with the YAML's settings.
+Torch runs `--threads` intra-op threads (default 2); training runs with the YAML's settings, changed by
+`--change` (space-separated `field=value`, for every run: another draft family, say, so that two families'
+curves trained on the same tokens can be drawn together with `--replot`; the demo's own run is then not a
+point). Each set also records `draft_ms_per_round` (the replay's wall time per round: what drafting a round
+costs) and each run `train_tokens_per_s`.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -62,7 +67,7 @@ from eyas.models.load import load_target
 from eyas.models.tokenizer import load_tokenizer
 from eyas.precision import machine_record
 from eyas.train.loop import run_train
-from eyas.train.plot import trained_figures
+from eyas.train.plot import METRICS_FILE, read_metrics, trained_figures
 
 ABLATIONS = ("ttt_steps=1 ttt_steps=3 ttt_growth=0.5 lr=0.001 lr=0.004 token_budget=1024 draft_vocab_size=2048 "
              "init_layer=-1 init_layer=15")
@@ -118,16 +123,25 @@ def held_out_tau(run_dir: Path, parts: Any, sets: dict[str, list[Continuation]],
     return {name: pooled_chain_tau(draft, continuations, chain, eos) for name, continuations in sets.items()}
 
 
+def training_rate(run_dir: Path) -> float:
+    """Return the median training tokens/s of a run's train lines (its own record: a reused run took no time here)."""
+    rates = [row["tokens_per_s"] for row in read_metrics(run_dir / METRICS_FILE, run_dir)["train"]]
+    return round(statistics.median(rates), 1)
+
+
 def table(lines: list[dict[str, Any]]) -> str:
     """Return the runs as a markdown table (curve by tokens, then the ablations)."""
     served = any("vllm_tau" in line["humaneval"] for line in lines)
-    rows = ["| run | training tokens | train s | tau HumanEval (first acc.) | tau chat (first acc.) | implied tau | vs recipe (HE, chat) |"
-            + (" vLLM tau (HE, chat) |" if served else ""), "|---|---|---|---|---|---|---|" + ("---|" if served else "")]
+    rows = ["| run | training tokens | train s | train tok/s | draft ms/round (HE) | tau HumanEval (first acc.) | "
+            "tau chat (first acc.) | implied tau | vs recipe (HE, chat) |" + (" vLLM tau (HE, chat) |" if served else ""),
+            "|---|---|---|---|---|---|---|---|---|" + ("---|" if served else "")]
     ordered = sorted((line for line in lines if line["kind"] == "curve"), key=lambda line: line["tokens"])
     for line in ordered + [line for line in lines if line["kind"] == "ablation"]:
         ratio = line.get("vs_recipe")
         implied = "-" if line["implied_tau"] is None else f"{line['implied_tau']:.3f}"
+        rate, drafting = line.get("train_tokens_per_s"), line["humaneval"].get("draft_ms_per_round")
         rows.append(f"| {line['name']} | {line['tokens']:,} | {line['train_seconds']:.0f} | "
+                    f"{'-' if rate is None else f'{rate:,.0f}'} | {'-' if drafting is None else f'{drafting:.1f}'} | "
                     f"{line['humaneval']['tau']:.3f} ({line['humaneval']['first_acceptance']:.3f}) | "
                     f"{line['chat']['tau']:.3f} ({line['chat']['first_acceptance']:.3f}) | {implied} | "
                     + (f"{ratio['humaneval']:.2f}, {ratio['chat']:.2f} |" if ratio else "- |")
@@ -259,6 +273,8 @@ def main() -> None:
     parser.add_argument("--ablations", default=ABLATIONS, help=f"space-separated field=value (default {ABLATIONS!r}; '' for none)")
     parser.add_argument("--mixes", default="0.5", help="demo.general_share values of the data-mix ablation (default "
                         "'0.5'; '' for none): each regenerates its own data under --out/data-general-SHARE")
+    parser.add_argument("--change", default="", help="space-separated field=value applied to the recipe of every run "
+                        "(e.g. 'family=peagle ttt_steps=4')")
     parser.add_argument("--chain", type=int, default=4)
     parser.add_argument("--limit", type=int, default=8)
     parser.add_argument("--max-new-tokens", type=int, default=96)
@@ -282,6 +298,8 @@ def main() -> None:
 
     refuse_repeats(args)
     recipe, evaluation = demo_sections(args.config)
+    changed = dict(parse_change(text) for text in args.change.split())
+    recipe = TrainConfig.model_validate({**recipe.model_dump(), **changed})
     prompts_dir = evaluation.prompts.parent
     chat_file = prompts_dir / CHAT_PROMPTS
     if not chat_file.is_file():  # a demo run from before the chat set: the set is a pure function of eyas
@@ -317,7 +335,7 @@ def main() -> None:
                                                                                      ("chat", chat_file))}
     lines: list[dict[str, Any]] = []
     args.out.mkdir(parents=True, exist_ok=True)
-    demo_run = recipe.out if (recipe.out / "final").is_dir() else None
+    demo_run = recipe.out if (recipe.out / "final").is_dir() and not changed else None
     todo = [*runs, *([("curve", "demo", recipe)] if demo_run else [])]
     for kind, name, config in todo:
         started = time.perf_counter()
@@ -333,6 +351,7 @@ def main() -> None:
         tokens, implied = trained_figures(config.out)
         line = {"bench": "quality", "kind": kind, "name": name, "run": str(config.out), "tokens": tokens,
                 "max_steps": config.max_steps, "train_seconds": round(seconds, 1), "implied_tau": implied,
+                "train_tokens_per_s": training_rate(config.out), "change": args.change,
                 "chain": args.chain, "prompts_per_set": args.limit, "max_new_tokens": args.max_new_tokens,
                 "threads": args.threads, **machine_record(),
                 **held_out_tau(config.out, parts, sets, args.chain, eos)}

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from eyas.decode.decoder import Decoder
+from eyas.decode.decoder import Decoder, Generation
 from eyas.decode.recorded import Continuation
 from eyas.decode.sampling import Sampling
 from eyas.decode.shapes import TreeShape
@@ -42,19 +42,27 @@ def greedy_continuations(parts: TargetParts, prompts: list[list[int]], max_new_t
     return [greedy_continuation(parts, prompt, max_new_tokens, aux_layer_ids) for prompt in prompts]
 
 
-def replay_chain(draft: Eagle3Draft, continuation: Continuation, chain: int, eos: set[int]) -> list[int]:
-    """Return the draft tokens accepted per round by greedy chain-`chain` decoding of the continuation's
-    prompt (the prefill is not a round), stopping after an EOS in `eos` or at the budget.
-    Refuses a chain longer than `CHAIN_MOST`."""
+def replayed(draft: Eagle3Draft, continuation: Continuation, chain: int, eos: set[int]) -> Generation:
+    """Return the generation of greedy chain-`chain` decoding of the continuation's prompt replayed against the
+    recording, stopping after an EOS in `eos` or at the budget. Refuses a chain longer than `CHAIN_MOST`."""
     if not 1 <= chain <= CHAIN_MOST:
         raise ValueError(f"replay: chain {chain}: 1..{CHAIN_MOST}")
     decoder = Decoder(continuation, draft, TreeShape.chain_of(chain), Sampling(), eos)
-    return decoder.generate(continuation.prompt, continuation.max_new_tokens).accepted
+    return decoder.generate(continuation.prompt, continuation.max_new_tokens)
+
+
+def replay_chain(draft: Eagle3Draft, continuation: Continuation, chain: int, eos: set[int]) -> list[int]:
+    """Return the draft tokens accepted per round of `replayed` (the prefill is not a round)."""
+    return replayed(draft, continuation, chain, eos).accepted
 
 
 def pooled_chain_tau(draft: Eagle3Draft, continuations: list[Continuation], chain: int, eos: set[int]) -> dict[str, float]:
-    """Return `tau` (1 + mean accepted per round), `first_acceptance` (share of rounds accepting a token) and
-    `rounds` of greedy chain-`chain` decoding replayed over every continuation, rounds pooled."""
-    rounds = [a for continuation in continuations for a in replay_chain(draft, continuation, chain, eos)]
+    """Return `tau` (1 + mean accepted per round), `first_acceptance` (share of rounds accepting a token), `rounds`
+    and `draft_ms_per_round` of greedy chain-`chain` decoding replayed over every continuation, rounds pooled. The
+    milliseconds are the replay's wall time per round: the draft's forwards and the round loop, the recorded
+    target's answer costing next to nothing, so they compare what drafting a round costs between drafts."""
+    generations = [replayed(draft, continuation, chain, eos) for continuation in continuations]
+    rounds = [a for generation in generations for a in generation.accepted]
     return {"tau": round(1 + sum(rounds) / len(rounds), 4),
-            "first_acceptance": round(sum(a > 0 for a in rounds) / len(rounds), 4), "rounds": len(rounds)}
+            "first_acceptance": round(sum(a > 0 for a in rounds) / len(rounds), 4), "rounds": len(rounds),
+            "draft_ms_per_round": round(1000 * sum(g.seconds for g in generations) / len(rounds), 3)}
