@@ -337,3 +337,34 @@ def test_cpu_autocast_is_auto_unless_a_dtype_is_asked(inputs: Inputs, run_cli, t
     assert seen["bfloat16"] == {torch.bfloat16}
     weights = load_file(str(tmp_path / "bfloat16" / "final" / "model.safetensors"))
     assert all(t.dtype == torch.float32 for n, t in weights.items() if t.is_floating_point())  # master weights
+
+
+@pytest.mark.parametrize("family", [["--family", "peagle", "--fc-norm"], ["--fc-norm", "--norm-output"]],
+                         ids=["peagle", "eagle3.1"])
+def test_each_family_runs_train_eval_export_and_check_draft(inputs: Inputs, offline_run, run_cli, tmp_path: Path,
+                                                           family: list[str]) -> None:
+    """A tiny end-to-end per draft family through the CLI: train a few steps, decode losslessly (a chain and the
+    auto shape), export for vLLM and speculators and pass `eyas check-draft`; a warm start from another family is
+    refused in one line."""
+    run = tmp_path / "run"
+    trained = run_cli("train", "--features", inputs.store, "--out", run, "--max-steps", "2", *SMALL, *family)
+    assert trained.code == 0, trained.err
+    config = read_draft_config(run / "final")
+    assert (config.family, config.fc_norm) == ("peagle" if "peagle" in family else "eagle3", True)
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text('{"prompt": "The quick brown fox"}\n{"prompt": "def add(a, b):"}\n', encoding="utf-8")
+    for shape in (["--chain", "3"], ["--shape", "auto"]):
+        out = tmp_path / f"eval-{shape[-1]}"
+        evaluated = run_cli("eval", "--target", inputs.target, "--draft", run / "final", "--prompts", prompts, "--out",
+                            out, "--max-new-tokens", "12", "--dtype", "float32", "--device", "cpu", *shape)
+        assert evaluated.code == 0, evaluated.err
+        report = json.loads((out / "report.json").read_text())
+        assert report["same_as_baseline"] == report["prompts"] == 2
+    for fmt in ("vllm", "speculators"):
+        assert run_cli("export", "--draft", run / "final", "--format", fmt, "--out", tmp_path / fmt).code == 0
+        checked = run_cli("check-draft", tmp_path / fmt, "--target", inputs.target, "--engine", "vllm")
+        assert checked.code == 0, checked.out + checked.err
+    other = ["--family", "eagle3"] if "peagle" in family else ["--family", "peagle"]
+    refused = run_cli("train", "--features", inputs.store, "--out", tmp_path / "warm", "--max-steps", "1", *SMALL,
+                      "--init", run / "final", *other)
+    assert refused.code == 2 and "family: --init is" in one_line_error(refused)
