@@ -104,6 +104,15 @@ def learned_peagle(learned: dict[str, Path], tmp_path_factory: pytest.TempPathFa
                        fc_norm=True) / "final"
 
 
+@pytest.fixture(scope="session")
+def learned_dflash(learned: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A one-layer DFlash draft (block of 4) trained on the learned pair's store as its EAGLE-3 draft was; the
+    directory of the draft."""
+    from eyas.testing.learned import train_draft
+
+    return train_draft(learned["store"], tmp_path_factory.mktemp("dflash") / "run", family="dflash") / "final"
+
+
 @dataclass
 class CliResult:
     code: int

@@ -1,9 +1,10 @@
-"""The P-EAGLE draft decoding through the one round loop, with a draft trained on the learned pair's store.
+"""The block drafters (P-EAGLE, DFlash) decoding through the one round loop, with drafts trained on the learned
+pair's store.
 
-Greedy: the output equals transformers' own greedy `generate` for chains and the auto shape, with one draft
-forward per round (the block). Sampling: the joint distribution of the first three tokens matches the target's
-exact distribution, by the chi-square test the EAGLE-3 chain passes, and the same draws through a verifier with
-the wrong residual fail it (the test's power).
+Greedy: the output equals transformers' own greedy `generate` for chains (and, P-EAGLE, the auto shape), with one
+draft forward per round (the block). Sampling: the joint distribution of the first three tokens matches the
+target's exact distribution, by the chi-square test the EAGLE-3 chain passes, and the same draws through a verifier
+with the wrong residual fail it (the test's power).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from test_decoder import (FLAT, NEW_TOKENS, exact_joint, hf_greedy, joint_p_valu
 from eyas.decode.decoder import Decoder
 from eyas.decode.sampling import Sampling
 from eyas.decode.shapes import AutoShape, TreeShape
+from eyas.draft.dflash import Draft
 from eyas.draft.model import Eagle3Draft, load_draft
 from eyas.models.load import load_target
 from eyas.models.parts import TargetParts
@@ -33,25 +35,52 @@ def pair(learned: dict[str, Path], learned_peagle: Path) -> tuple[TargetParts, E
     return parts, draft, decode_prompts(learned["target"])
 
 
-@pytest.mark.parametrize("length", [1, 3, 5])
-def test_greedy_block_output_is_the_targets_own_in_one_draft_forward_per_round(pair, length: int) -> None:
-    parts, draft, prompts = pair
+@pytest.fixture(scope="module", params=["peagle", "dflash"])
+def block_pair(request: pytest.FixtureRequest, learned: dict[str, Path]) -> tuple[TargetParts, Draft, list[list[int]]]:
+    """The learned target in float64 with a P-EAGLE or a DFlash draft."""
+    parts = load_target(learned["target"], torch.float64, "cpu")
+    draft_dir = request.getfixturevalue(f"learned_{request.param}")
+    draft = load_draft(draft_dir, parts.embed.weight.detach()).double().eval()
+    return parts, draft, decode_prompts(learned["target"])
+
+
+# The block of 4 a DFlash draft trains with TTT_STEPS drafts 3 tokens; a P-EAGLE block may be longer than trained.
+@pytest.mark.parametrize("length", [1, 3])
+def test_greedy_block_output_is_the_targets_own_in_one_draft_forward_per_round(block_pair, length: int) -> None:
+    parts, draft, prompts = block_pair
     rounds = []
     for prompt in prompts:
         generated = Decoder(parts, draft, TreeShape.chain_of(length), Sampling(), set()).generate(prompt, NEW_TOKENS)
         assert generated.tokens == hf_greedy(parts, prompt, NEW_TOKENS, None), prompt
-        assert generated.draft_forwards == len(generated.accepted)  # the block, with the anchors it reads
+        assert generated.draft_forwards == len(generated.accepted)  # the block, with the features it reads
         assert set(generated.drafted) == {length}
         rounds += generated.accepted
-    if length > 1:
-        assert max(rounds) >= 2  # the parallel slots' tokens were accepted too
-    assert 1 + sum(rounds) / len(rounds) > 1.3  # a learned draft (an untrained one stays near 1.0)
+    assert 1 + sum(rounds) / len(rounds) > 1.05  # drafts are accepted (thresholds per family: below)
+    if draft.config.family == "peagle":
+        assert 1 + sum(rounds) / len(rounds) > 1.3 and (length == 1 or max(rounds) >= 2)
 
 
-def test_a_tree_of_a_block_drafter_is_refused(pair) -> None:
-    parts, draft, _ = pair
+def test_a_peagle_block_longer_than_trained_is_still_the_targets_own(pair) -> None:
+    parts, draft, prompts = pair
+    for prompt in prompts[:4]:
+        generated = Decoder(parts, draft, TreeShape.chain_of(5), Sampling(), set()).generate(prompt, NEW_TOKENS)
+        assert generated.tokens == hf_greedy(parts, prompt, NEW_TOKENS, None), prompt
+
+
+def test_a_tree_of_a_block_drafter_is_refused(block_pair) -> None:
+    parts, draft, _ = block_pair
     with pytest.raises(ValueError, match="drafts a chain in one forward, not a tree 3,2,5"):
         Decoder(parts, draft, TreeShape(3, 2, 5), Sampling(), set())
+
+
+def test_dflash_refuses_a_chain_longer_than_its_block_and_the_auto_draft_branch(learned: dict[str, Path],
+                                                                                learned_dflash: Path) -> None:
+    parts = load_target(learned["target"], torch.float64, "cpu")
+    draft = load_draft(learned_dflash, parts.embed.weight.detach()).double().eval()
+    with pytest.raises(ValueError, match="block size 4 drafts at most 3 tokens, not a chain of 5"):
+        Decoder(parts, draft, TreeShape.chain_of(5), Sampling(), set())
+    with pytest.raises(ValueError, match="the auto shape drafts with an eagle3 or peagle draft"):
+        Decoder(parts, draft, AutoShape(4, 6), Sampling(), set())
 
 
 def test_greedy_auto_with_the_block_is_the_targets_own(pair) -> None:
@@ -65,14 +94,16 @@ def test_greedy_auto_with_the_block_is_the_targets_own(pair) -> None:
         assert generated.draft_forwards == len(generated.accepted)
 
 
-def test_sampling_with_the_block_preserves_the_targets_distribution(pair) -> None:
-    parts, draft, prompts = pair
+def test_sampling_with_the_block_preserves_the_targets_distribution(block_pair) -> None:
+    """Both families' sampled blocks; the DFlash draft, trained as briefly but learning slower, is accepted less
+    often, so it is held to fewer accepted first rounds (the verifier's power is the P-EAGLE case's below)."""
+    parts, draft, prompts = block_pair
     sampling = Sampling(temperature=2.0, top_k=5)
     prompt = prompts[0]
     expected = exact_joint(parts, prompt, sampling, 3)
     decoder = Decoder(parts, overconfident(draft), TreeShape.chain_of(3), sampling, set(), seed=7)
     observed, accepted, rejected = sample_joint(decoder, prompt, 1200)
-    assert accepted > 200 and rejected > 200
+    assert accepted > (200 if draft.config.family == "peagle" else 50) and rejected > 200
     assert joint_p_value(observed, expected) > 1e-3
 
 

@@ -339,32 +339,47 @@ def test_cpu_autocast_is_auto_unless_a_dtype_is_asked(inputs: Inputs, run_cli, t
     assert all(t.dtype == torch.float32 for n, t in weights.items() if t.is_floating_point())  # master weights
 
 
-@pytest.mark.parametrize("family", [["--family", "peagle", "--fc-norm"], ["--fc-norm", "--norm-output"]],
-                         ids=["peagle", "eagle3.1"])
+@pytest.mark.parametrize("family", [["--family", "peagle", "--fc-norm"], ["--fc-norm", "--norm-output"],
+                                    ["--family", "dflash", "--num-layers", "2"]], ids=["peagle", "eagle3.1", "dflash"])
 def test_each_family_runs_train_eval_export_and_check_draft(inputs: Inputs, offline_run, run_cli, tmp_path: Path,
                                                            family: list[str]) -> None:
     """A tiny end-to-end per draft family through the CLI: train a few steps, decode losslessly (a chain and the
-    auto shape), export for vLLM and speculators and pass `eyas check-draft`; a warm start from another family is
-    refused in one line."""
+    auto shape; DFlash: a chain of its block, the auto draft branch refused before loading), export (vLLM and
+    speculators, and `eyas check-draft`; DFlash: z-lab's format, loaded back by eyas's DFlash draft); a warm start
+    from another family is refused in one line."""
+    name = family[1] if family[0] == "--family" else "eagle3"
     run = tmp_path / "run"
     trained = run_cli("train", "--features", inputs.store, "--out", run, "--max-steps", "2", *SMALL, *family)
     assert trained.code == 0, trained.err
     config = read_draft_config(run / "final")
-    assert (config.family, config.fc_norm) == ("peagle" if "peagle" in family else "eagle3", True)
+    assert config.family == name and config.fc_norm == ("--fc-norm" in family)
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text('{"prompt": "The quick brown fox"}\n{"prompt": "def add(a, b):"}\n', encoding="utf-8")
-    for shape in (["--chain", "3"], ["--shape", "auto"]):
+    for shape in (["--chain", str(TTT)], ["--shape", "auto"]):
         out = tmp_path / f"eval-{shape[-1]}"
         evaluated = run_cli("eval", "--target", inputs.target, "--draft", run / "final", "--prompts", prompts, "--out",
                             out, "--max-new-tokens", "12", "--dtype", "float32", "--device", "cpu", *shape)
+        if name == "dflash" and shape[-1] == "auto":
+            assert evaluated.code == 2 and "the auto shape drafts with an eagle3 or peagle draft" in evaluated.err
+            assert not out.exists()
+            continue
         assert evaluated.code == 0, evaluated.err
         report = json.loads((out / "report.json").read_text())
         assert report["same_as_baseline"] == report["prompts"] == 2
-    for fmt in ("vllm", "speculators"):
+    if name == "dflash":
+        assert run_cli("export", "--draft", run / "final", "--format", "vllm", "--out", tmp_path / "vllm").code == 0
+        written = json.loads((tmp_path / "vllm" / "config.json").read_text())
+        assert written["architectures"] == ["DFlashDraftModel"] and written["block_size"] == TTT + 1
+        assert written["dflash_config"]["target_layer_ids"] == [i - 1 for i in config.aux_layer_ids]
+        names = set(load_file(str(tmp_path / "vllm" / "model.safetensors")))
+        assert "layers.1.self_attn.k_norm.weight" in names and not names & {"lm_head.weight", "d2t", "embed_tokens.weight"}
+        refused = run_cli("export", "--draft", run / "final", "--format", "sglang", "--out", tmp_path / "sglang")
+        assert refused.code == 2 and "family: dflash" in refused.err
+    for fmt in ("vllm", "speculators") if name != "dflash" else ():
         assert run_cli("export", "--draft", run / "final", "--format", fmt, "--out", tmp_path / fmt).code == 0
         checked = run_cli("check-draft", tmp_path / fmt, "--target", inputs.target, "--engine", "vllm")
         assert checked.code == 0, checked.out + checked.err
-    other = ["--family", "eagle3"] if "peagle" in family else ["--family", "peagle"]
+    other = ["--family", "eagle3"] if name != "eagle3" else ["--family", "peagle"]
     refused = run_cli("train", "--features", inputs.store, "--out", tmp_path / "warm", "--max-steps", "1", *SMALL,
                       "--init", run / "final", *other)
     assert refused.code == 2 and "family: --init is" in one_line_error(refused)

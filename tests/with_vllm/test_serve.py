@@ -9,6 +9,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 TOLERANCE = 0.10  # the issue's bound on tau: vLLM's against eyas's, and training's implied tau against both
 
 
@@ -109,12 +111,16 @@ def test_served_draft_tau_per_set_matches_eyas_replay(vllm_pair: dict[str, Path]
         assert len(served[name].per_position_acceptance) == 3 and served[name].drafts > 0
 
 
-def test_served_peagle_block_tau_matches_eyas(vllm_pair: dict[str, Path], eyas_process, tmp_path: Path) -> None:
-    """A P-EAGLE draft (with EAGLE-3.1's fc_norm), trained on the pair's store, exported and served by vLLM with
-    parallel drafting: lossless, and its tau within the bound of eyas's block proposer on the same prompts."""
+@pytest.mark.parametrize(("family", "least"), [({"family": "peagle", "fc_norm": True}, 1.3), ({"family": "dflash"}, 1.2)],
+                         ids=["peagle", "dflash"])
+def test_served_block_drafter_tau_matches_eyas(vllm_pair: dict[str, Path], eyas_process, tmp_path: Path,
+                                               family: dict[str, object], least: float) -> None:
+    """A P-EAGLE draft (with EAGLE-3.1's fc_norm) or a DFlash draft, trained on the pair's store, exported and served
+    by vLLM (parallel drafting; `method: dflash`): lossless, and its tau within the bound of eyas's block proposer
+    on the same prompts. The DFlash draft learns slower in the same 60 steps (docs/quality.md)."""
     from eyas.testing.learned import train_draft
 
-    draft = train_draft(vllm_pair["store"], tmp_path / "peagle", family="peagle", fc_norm=True) / "final"
+    draft = train_draft(vllm_pair["store"], tmp_path / "draft", **family) / "final"
     out = tmp_path / "eval"
     done = eyas_process("eval", "--target", vllm_pair["target"], "--draft", draft, "--prompts", vllm_pair["prompts"],
                         "--out", out, "--chain", "3", "--max-new-tokens", "48", "--dtype", "float32", "--device", "cpu",
@@ -123,7 +129,7 @@ def test_served_peagle_block_tau_matches_eyas(vllm_pair: dict[str, Path], eyas_p
     report = json.loads((out / "report.json").read_text())
     served = report["vllm"]["eagle3"]
     figures = f"eyas tau {report['tau']:.3f}, vLLM tau {served['tau']:.3f}, per position {served['per_position_acceptance']}"
-    assert served["tau"] > 1.3 and served["per_position_acceptance"][1] > 0.05, figures  # the parallel slots are accepted
+    assert served["tau"] > least and served["per_position_acceptance"][1] > 0.05, figures  # the parallel slots are accepted
     assert abs(served["tau"] / report["tau"] - 1) <= TOLERANCE, figures
     assert served["same_as_target_alone"] == report["vllm"]["prompts"] == 30
     assert report["same_as_baseline"] == report["prompts"] == 30

@@ -28,6 +28,7 @@ from eyas.decode.auto import AutoProposer
 from eyas.decode.choices import ChoiceLog, TargetChoices
 from eyas.decode.costs import RoundCosts, settle
 from eyas.decode.policy import PolicyState
+from eyas.decode.dflash import DFlashProposer
 from eyas.decode.proposers import BlockProposer, NothingProposer, Proposer, TreeProposer
 from eyas.decode.recorded import Continuation
 from eyas.decode.rounds import Context, Outcome, Proposal, commit_tokens, generation_done
@@ -36,6 +37,8 @@ from eyas.decode.sampling import Sampling
 from eyas.decode.shapes import AutoShape, TreeShape
 from eyas.decode.tree import DraftTree, is_chain
 from eyas.decode.verify import Verdict, accept_greedy, accept_sampled_chain, accept_sampled_tree
+from eyas.draft.config import DraftConfig
+from eyas.draft.dflash import DFlashDraft
 from eyas.draft.model import Eagle3Draft
 from eyas.models.capture import FeatureCapture
 from eyas.models.parts import TargetParts
@@ -73,22 +76,41 @@ class Generation:
         self.from_lookup.append(proposal.from_lookup(verdict.accepted))
 
 
-def proposer_for(draft: Eagle3Draft | None, shape: TreeShape | AutoShape | None, sampling: Sampling,
+def shape_problem(config: DraftConfig, shape: TreeShape | AutoShape) -> str | None:
+    """Return why a draft of `config` cannot propose `shape` (None: it can): a tree of a block drafter (P-EAGLE,
+    DFlash: one candidate per position), a DFlash chain longer than its block drafts, and the auto shape's draft
+    branch of a DFlash draft. Needs no weights: `eyas eval` asks before any load."""
+    if isinstance(shape, AutoShape):
+        if config.family == "dflash" and shape.max_chain:
+            return ("the auto shape drafts with an eagle3 or peagle draft; give a dflash draft --chain K "
+                    "(or --max-chain 0 for the prompt lookup alone)")
+        return None
+    if config.parallel and not shape.chain:
+        return f"a {config.family} draft drafts a chain in one forward, not a {shape.describe()}; give --chain K or --shape auto"
+    if config.block_size is not None and shape.depth > config.block_size - 1:
+        return (f"a dflash draft of block size {config.block_size} drafts at most {config.block_size - 1} tokens, "
+                f"not a chain of {shape.depth}")
+    return None
+
+
+def proposer_for(draft: Eagle3Draft | DFlashDraft | None, shape: TreeShape | AutoShape | None, sampling: Sampling,
                  generator: torch.Generator, costs: RoundCosts | None) -> Proposer:
-    """Return the proposer of `shape` (None: the target alone): a P-EAGLE draft's chain is a block drafted in one
-    forward. Refuses a draft without a shape, a fixed shape without a draft, and a tree of a P-EAGLE draft."""
+    """Return the proposer of `shape` (None: the target alone): a P-EAGLE or DFlash draft's chain is a block drafted
+    in one forward. Refuses a draft without a shape, a fixed shape without a draft, a tree of a P-EAGLE or DFlash
+    draft, and the auto shape's draft branch with a DFlash draft."""
     if shape is None:
         if draft is not None:
             raise ValueError("a draft needs a tree, chain or auto shape")
         return NothingProposer()
+    if draft is not None and (problem := shape_problem(draft.config, shape)):
+        raise ValueError(problem)
     if isinstance(shape, AutoShape):
-        return AutoProposer(shape, draft, costs)
+        return AutoProposer(shape, None if isinstance(draft, DFlashDraft) else draft, costs)
     if draft is None:
         raise ValueError(f"{shape.describe()} needs a draft")
+    if isinstance(draft, DFlashDraft):
+        return DFlashProposer(draft, shape.depth, sampling, generator)
     if draft.config.parallel:
-        if not shape.chain:
-            raise ValueError(f"a {draft.config.family} draft drafts a chain in one forward, not a {shape.describe()}; "
-                             "give --chain K or --auto")
         return BlockProposer(draft, shape.depth, sampling, generator)
     return TreeProposer(draft, shape, sampling, generator)
 
@@ -98,7 +120,7 @@ class Decoder:
     tree or chain, or with the cost-aware `AutoShape` (with or without a draft); the target is a model, or a
     recorded greedy continuation (`Continuation`, greedy only) that answers verification without one."""
 
-    def __init__(self, target: TargetParts | Continuation, draft: Eagle3Draft | None,
+    def __init__(self, target: TargetParts | Continuation, draft: Eagle3Draft | DFlashDraft | None,
                  shape: TreeShape | AutoShape | None, sampling: Sampling, eos_ids: set[int], seed: int = 0,
                  costs: RoundCosts | None = None, proposer: Proposer | None = None) -> None:
         """`costs`: the round costs `AutoShape` plans with, as given (default: measured at the first generation

@@ -197,8 +197,8 @@ class TreeDrafter:
     def _children(self, logits: torch.Tensor, score: float) -> list[tuple[float, int, torch.Tensor | None]]:
         """Return `(score, target id, draft distribution over the target vocab or None)` of proposed children."""
         if self.shape.chain:
-            logp, token, dist = chain_token(logits, self.sampling, self.generator, self.target_ids, self.vocab)
-            return [(score + logp, token, dist)]
+            token_logp, token, dist = chain_token(logits, self.sampling, self.generator, self.target_ids, self.vocab)
+            return [(score + token_logp, token, dist)]
         logp = torch.log_softmax(logits.float().cpu(), dim=-1)  # [N]
         top = logp.topk(self.shape.top_k)
         return [(score + float(v), int(self.target_ids[i]), None) for v, i in zip(top.values, top.indices)]

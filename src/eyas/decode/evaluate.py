@@ -21,7 +21,7 @@ import torch
 
 from eyas.config import DEFAULT_TREE, EvalConfig
 from eyas.data.prompts import eos_ids, extra_stop_ids, generate_kwargs, target_eos_ids
-from eyas.decode.decoder import Decoder, Generation
+from eyas.decode.decoder import Decoder, Generation, shape_problem
 from eyas.decode.divergence import first_divergence
 from eyas.decode.prompts import read_prompts
 from eyas.decode.report import REPORT, EvalReport, summarize, write_report
@@ -107,6 +107,8 @@ def run_eval(config: EvalConfig) -> EvalReport:
         raise CannotRun("; ".join(problems))
     sampling = Sampling(config.temperature, config.top_p, config.top_k)
     draft_config = read_draft_config(config.draft)
+    if shape is not None and (problem := shape_problem(draft_config, shape)):
+        raise EyasError(f"{config.draft}: {problem}")
     tokenizer = load_tokenizer(config.target, config.trust_remote_code, config.chat_template)
     fingerprint = target_fingerprint(config.target, tokenizer)
     target_config = load_config(config.target, config.trust_remote_code)

@@ -119,7 +119,7 @@ def serve_in_vllm(config: EvalConfig, prompts: list[list[int]], stop: set[int], 
     with _exported(config) as draft:
         with VllmEngine(**arguments) as engine:
             alone, alone_tokens = _pass(engine, prompts, config, stop, chain, None, None)
-        with VllmEngine(**arguments, speculative=eagle3_method(draft, chain, _parallel(config))) as engine:
+        with VllmEngine(**arguments, speculative=eagle3_method(draft, chain, _family(config))) as engine:
             eagle3, _ = _pass(engine, prompts, config, stop, chain, alone, alone_tokens)
     with VllmEngine(**arguments, speculative=ngram_method(chain, NGRAM_LOOKUP_MAX)) as engine:
         ngram, _ = _pass(engine, prompts, config, stop, chain, alone, alone_tokens)
@@ -145,7 +145,7 @@ def served_draft_tau(config: EvalConfig, prompt_sets: dict[str, list[list[int]]]
     arguments = _engine_arguments(config, [row for rows in prompt_sets.values() for row in rows])
     figures = {}
     with _exported(config) as draft, \
-            VllmEngine(**arguments, speculative=eagle3_method(draft, chain, _parallel(config))) as engine:
+            VllmEngine(**arguments, speculative=eagle3_method(draft, chain, _family(config))) as engine:
         for name, prompts in prompt_sets.items():
             figures[name], _ = _pass(engine, prompts, config, stop, chain, None, None)
             _check_drafted(config, figures[name])
@@ -172,9 +172,9 @@ def _exported(config: EvalConfig) -> Iterator[Path]:
         yield draft
 
 
-def _parallel(config: EvalConfig) -> bool:
-    """Return whether `config.draft` drafts its chain in one forward (P-EAGLE)."""
-    return read_draft_config(config.draft).parallel
+def _family(config: EvalConfig) -> str:
+    """Return the family of `config.draft` (vLLM serves each by its own method)."""
+    return read_draft_config(config.draft).family
 
 
 def _check_drafted(config: EvalConfig, figures: EngineFigures) -> None:

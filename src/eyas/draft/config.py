@@ -9,7 +9,11 @@ convention is recorded next to them (export converts them per engine).
 
 - `eagle3`: the autoregressive EAGLE-3 draft, trained with training-time test;
 - `peagle`: P-EAGLE, the same layers drafting K tokens in one forward: the slots past the first read
-  the token `mask_token_id` and the learned `mask_hidden` feature instead of the previous draft step.
+  the token `mask_token_id` and the learned `mask_hidden` feature instead of the previous draft step;
+- `dflash`: DFlash, `num_hidden_layers` Qwen3-style layers whose queries are a block of `block_size`
+  tokens (the last committed token, then `mask_token_id`s) and whose keys and values also hold the
+  target's features of the context (eyas.draft.dflash); it reads the target's whole vocabulary through
+  the target's LM head.
 
 EAGLE-3.1's options, for either family: `fc_norm` (an RMSNorm per aux feature before `fc`) and
 `norm_output` (each draft step passes its post-norm output to the next, not its pre-norm one).
@@ -30,8 +34,9 @@ from eyas.models.layers import layer_id_problems
 ARCHITECTURE = "EyasEagle3Draft"
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
-Family = Literal["eagle3", "peagle"]
-FAMILIES: tuple[Family, ...] = ("eagle3", "peagle")
+Family = Literal["eagle3", "peagle", "dflash"]
+FAMILIES: tuple[Family, ...] = ("eagle3", "peagle", "dflash")
+MASKED: tuple[Family, ...] = ("peagle", "dflash")  # the families whose parallel slots read a mask token
 
 
 class DraftConfig(BaseModel):
@@ -59,6 +64,7 @@ class DraftConfig(BaseModel):
     fc_norm: bool = False
     norm_output: bool = False
     mask_token_id: NonNegativeInt | None = Field(None, validate_default=True)
+    block_size: PositiveInt | None = Field(None, validate_default=True)
     target: TargetFingerprint | None = None
     eyas_version: str = ""
 
@@ -66,11 +72,20 @@ class DraftConfig(BaseModel):
     @classmethod
     def _mask_token_of_the_family(cls, value: int | None, info: ValidationInfo) -> int | None:
         family, vocab = info.data.get("family"), info.data.get("vocab_size")
-        if (value is None) != (family != "peagle"):
-            raise ValueError(f"{value}; a peagle draft needs one (the token its parallel slots read) and an "
-                             f"{family} draft has none")
+        if (value is None) != (family not in MASKED):
+            raise ValueError(f"{value}; a peagle or dflash draft needs one (the token its parallel slots read) and "
+                             f"an {family} draft has none")
         if value is not None and vocab is not None and value >= vocab:
             raise ValueError(f"{value} is outside the {vocab}-token vocabulary")
+        return value
+
+    @field_validator("block_size")
+    @classmethod
+    def _block_of_dflash(cls, value: int | None, info: ValidationInfo) -> int | None:
+        family = info.data.get("family")
+        if (value is None) != (family != "dflash") or (value is not None and value < 2):
+            raise ValueError(f"{value}; a dflash draft needs one of at least 2 (the last committed token and the "
+                             f"masks it drafts) and an {family} draft has none")
         return value
 
     @property
@@ -79,8 +94,8 @@ class DraftConfig(BaseModel):
 
     @property
     def parallel(self) -> bool:
-        """Whether the draft proposes a block in one forward (P-EAGLE) rather than token by token."""
-        return self.family == "peagle"
+        """Whether the draft proposes a block in one forward (P-EAGLE, DFlash) rather than token by token."""
+        return self.family in MASKED
 
 
 def _rope_of(target_config: Any) -> tuple[float, dict[str, Any] | None]:
@@ -107,7 +122,7 @@ def default_mask_token(target_config: Any) -> int:
 def draft_config_for_target(target_config: Any, aux_layer_ids: list[int], draft_vocab_size: int,
                             target: TargetFingerprint | None, overrides: dict[str, Any] | None = None) -> DraftConfig:
     """Return the draft config whose sizes, heads and rope are the target's, updated with `overrides`
-    (a `peagle` family without a `mask_token_id` gets `default_mask_token`).
+    (a `peagle` or `dflash` family without a `mask_token_id` gets `default_mask_token`).
 
     Refuses a hidden size different from the target's: the draft reads the target's (frozen)
     embedding, so both must have the same width.
@@ -131,7 +146,7 @@ def draft_config_for_target(target_config: Any, aux_layer_ids: list[int], draft_
         "target": target, "eyas_version": __version__,
     }
     values.update({k: v for k, v in (overrides or {}).items() if v is not None})
-    if values.get("family") == "peagle" and values.get("mask_token_id") is None:
+    if values.get("family") in MASKED and values.get("mask_token_id") is None:
         values["mask_token_id"] = default_mask_token(target_config)
     if values["hidden_size"] != hidden:
         raise EyasError(f"draft hidden_size: {values['hidden_size']} differs from the target's {hidden}; "

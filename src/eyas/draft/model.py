@@ -25,6 +25,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from safetensors.torch import save_file
@@ -39,7 +40,7 @@ FROZEN = ("embed_tokens.weight",)
 MASK_HIDDEN_STD = 0.02  # the learned P-EAGLE slot feature starts small, as embeddings do
 
 
-def _llama_config(config: DraftConfig):  # noqa: ANN202 - transformers' LlamaConfig
+def llama_config(config: DraftConfig):  # noqa: ANN202 - transformers' LlamaConfig
     from transformers import LlamaConfig
 
     return LlamaConfig(
@@ -97,7 +98,7 @@ class DraftLayer(nn.Module):
             self.hidden_norm = LlamaRMSNorm(H, eps=config.rms_norm_eps)
         self.self_attn = DraftAttention(config, 2 * H if first else H)
         self.post_attention_layernorm = LlamaRMSNorm(H, eps=config.rms_norm_eps)
-        self.mlp = LlamaMLP(_llama_config(config))
+        self.mlp = LlamaMLP(llama_config(config))
 
     def forward(self, hidden: torch.Tensor, embeds: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
                 kv: StepKV, attention: TTTAttention) -> torch.Tensor:
@@ -122,12 +123,12 @@ class Eagle3Draft(nn.Module):
             self.fc_norm = nn.ModuleList([LlamaRMSNorm(config.target_hidden_size, eps=config.rms_norm_eps)
                                           for _ in range(config.num_aux)])
         self.fc = nn.Linear(config.num_aux * config.target_hidden_size, H, bias=False)
-        if config.parallel:
+        if config.family == "peagle":
             self.mask_hidden = nn.Parameter(torch.randn(config.num_aux * config.target_hidden_size) * MASK_HIDDEN_STD)
         self.layers = nn.ModuleList([DraftLayer(config, first=i == 0) for i in range(config.num_hidden_layers)])
         self.norm = LlamaRMSNorm(H, eps=config.rms_norm_eps)
         self.lm_head = nn.Linear(H, config.draft_vocab_size, bias=False)
-        self.rotary_emb = LlamaRotaryEmbedding(_llama_config(config))
+        self.rotary_emb = LlamaRotaryEmbedding(llama_config(config))
         self.register_buffer("d2t", torch.zeros(config.draft_vocab_size, dtype=torch.int64))
         self.register_buffer("t2d", torch.zeros(config.vocab_size, dtype=torch.bool))
 
@@ -183,7 +184,7 @@ class Eagle3Draft(nn.Module):
         return {name: t for name, t in self.state_dict().items() if name not in FROZEN}
 
 
-def save_draft(draft: Eagle3Draft, out: Path) -> None:
+def save_draft(draft: Draft, out: Path) -> None:
     """Write `out/config.json` and `out/model.safetensors` (embedding excluded), each atomically."""
     write_draft(draft.config, draft.trainable_state(), out)
 
@@ -213,15 +214,26 @@ def non_finite_problems(tensors: Mapping[str, torch.Tensor]) -> list[str]:
     return problems
 
 
-def load_draft(draft_dir: Path, embed_weight: torch.Tensor | None = None) -> Eagle3Draft:
-    """Return the draft saved in `draft_dir`, with the target's embedding `[V, H]` when given.
+if TYPE_CHECKING:
+    from eyas.draft.dflash import Draft
+
+
+def new_draft(config: DraftConfig) -> Draft:
+    """Return a freshly initialised draft of `config`'s family (eyas.draft.dflash for `dflash`)."""
+    from eyas.draft.dflash import DFlashDraft
+
+    return DFlashDraft(config) if config.family == "dflash" else Eagle3Draft(config)
+
+
+def load_draft(draft_dir: Path, embed_weight: torch.Tensor | None = None) -> Draft:
+    """Return the draft saved in `draft_dir` (of its config's family), with the target's embedding `[V, H]` when given.
 
     Refuses, in one line naming the weights file: a file that cannot be read (missing, truncated:
     `eyas.files.reading`), and weights whose names or shapes do not match the config or that hold
     NaN or Inf (`non_finite_problems`), naming each tensor.
     """
     config = read_draft_config(draft_dir)
-    draft = Eagle3Draft(config)
+    draft = new_draft(config)
     path = draft_dir / WEIGHTS_FILE
     if not path.is_file():
         raise EyasError(f"{path}: not found")
@@ -240,7 +252,7 @@ def load_draft(draft_dir: Path, embed_weight: torch.Tensor | None = None) -> Eag
     return draft
 
 
-def set_embedding(draft: Eagle3Draft, weight: torch.Tensor) -> None:
+def set_embedding(draft: Draft, weight: torch.Tensor) -> None:
     """Copy the target's input embedding `[V, H]` into the draft (frozen); refuses another shape."""
     if tuple(weight.shape) != tuple(draft.embed_tokens.weight.shape):
         raise EyasError(f"target embedding: shape {list(weight.shape)}, the draft needs "

@@ -45,7 +45,7 @@ def unroll(draft: Eagle3Draft, aux: torch.Tensor, input_ids: torch.Tensor, posit
     kv = draft.new_kv()
     hidden = draft.fuse(aux)  # [B, T, H]
     for j in range(steps):
-        if j and draft.config.parallel:
+        if j and draft.config.family == "peagle":
             mask_token, mask_feature = draft.mask_slot()  # [H]
             tokens = torch.full_like(input_ids, mask_token)  # [B, T]
             hidden = mask_feature.expand_as(hidden)  # [B, T, H]

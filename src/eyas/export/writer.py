@@ -42,6 +42,22 @@ def _family_keys(config: DraftConfig) -> dict[str, Any]:
     return keys
 
 
+def dflash_config(config: DraftConfig, dtype: str, provenance: dict[str, Any]) -> dict[str, Any]:
+    """Return the `config.json` of a DFlash draft in z-lab's format, which vLLM 0.32 (`DFlashDraftModel`) and the
+    `dflash` package load: Qwen3 layer keys, the block size, and `dflash_config` with the mask token and the
+    aux layers as `target_layer_ids`, which count decoder-layer outputs (eyas's input-convention id minus one).
+    `layer_types` of full attention make every layer bidirectional inside the block, as trained."""
+    assert config.block_size is not None and config.mask_token_id is not None  # a dflash config has both
+    return {
+        "architectures": ["DFlashDraftModel"], **_layer_config(config), "model_type": "qwen3", "attention_bias": False,
+        "layer_types": ["full_attention"] * config.num_hidden_layers, "target_hidden_size": config.target_hidden_size,
+        "block_size": config.block_size, "torch_dtype": dtype,
+        "dflash_config": {"mask_token_id": config.mask_token_id,
+                          "target_layer_ids": to_engine_ids(config.aux_layer_ids, "output")},
+        PROVENANCE: {**provenance, "layer_convention": "output"},
+    }
+
+
 def engine_config(config: DraftConfig, fmt: Format, dtype: str, verifier: str | None,
                   verifier_architectures: list[str], speculative_tokens: int) -> dict[str, Any]:
     """Return the `config.json` of the draft in format `fmt` (layer ids in that format's convention).
@@ -54,14 +70,17 @@ def engine_config(config: DraftConfig, fmt: Format, dtype: str, verifier: str | 
     provenance = {"layer_convention": CONVENTION_OF[fmt], "aux_layer_ids_input_convention": config.aux_layer_ids,
                   "family": config.family,
                   "target": config.target.model_dump() if config.target else None, "eyas_version": config.eyas_version}
+    if config.family == "dflash":
+        return dflash_config(config, dtype, provenance)
     family = _family_keys(config)
     if fmt == "speculators":
         options = {k: v for k, v in family.items() if k != "mask_token_id"}
-        layer = {**_layer_config(config), **options} if config.parallel else _layer_config(config)
+        peagle = config.family == "peagle"
+        layer = {**_layer_config(config), **options} if peagle else _layer_config(config)
         return {
-            "architectures": ["Eagle3Speculator"], "speculators_model_type": "peagle" if config.parallel else "eagle3",
+            "architectures": ["Eagle3Speculator"], "speculators_model_type": "peagle" if peagle else "eagle3",
             "transformer_layer_config": layer, "draft_vocab_size": config.draft_vocab_size,
-            **({"mask_token_id": config.mask_token_id} if config.parallel else options),
+            **({"mask_token_id": config.mask_token_id} if peagle else options),
             "norm_before_residual": False, "target_hidden_size": config.target_hidden_size,
             "eagle_aux_hidden_state_layer_ids": ids, "torch_dtype": dtype,
             "speculators_config": {
@@ -102,20 +121,26 @@ def run_export(config: ExportConfig) -> Path:
     """
     draft_config = read_draft_config(config.draft)
     fmt: Format = config.format
+    if draft_config.family == "dflash" and fmt != "vllm":
+        raise EyasError(f"{config.draft / CONFIG_FILE}: family: dflash; --format vllm writes z-lab's DFlash format, "
+                        "which vLLM and the dflash package load (eyas writes no other DFlash format yet)")
     if fmt == "sglang" and draft_config.num_hidden_layers > 1:
         raise EyasError(f"{config.draft / CONFIG_FILE}: num_hidden_layers: {draft_config.num_hidden_layers}; SGLang's "
                         "EAGLE-3 draft has one layer (use --format vllm or speculators)")
     if fmt == "sglang" and (unread := [k for k in _family_keys(draft_config) if k != "mask_token_id"]
-                            + (["family: peagle"] if draft_config.parallel else [])):
+                            + (["family: peagle"] if draft_config.family == "peagle" else [])):
         raise EyasError(f"{config.draft / CONFIG_FILE}: {', '.join(unread)}; SGLang's EAGLE-3 draft reads none of "
                         "these (use --format vllm or speculators)")
     state = load_draft(config.draft).trainable_state()
     if draft_config.draft_vocab_size == draft_config.vocab_size:
         # the identity mapping: vLLM builds no mapping parameter for a full vocabulary and refuses one given
         state = {name: tensor for name, tensor in state.items() if name not in ("d2t", "t2d")}
+    if draft_config.family == "dflash":  # its LM head is the target's, which the engines share
+        state = {name: tensor for name, tensor in state.items() if name != "lm_head.weight"}
     dtype = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}[config.dtype] \
         if config.dtype else state["fc.weight"].dtype
-    layers = draft_config.num_hidden_layers if fmt != "speculators" else 0  # speculators names layers.N always
+    # speculators and DFlash name layers.N always; a one-layer EAGLE-3 HF draft names it midlayer
+    layers = draft_config.num_hidden_layers if fmt != "speculators" and draft_config.family != "dflash" else 0
     tensors = {engine_name(name, layers): t.to(dtype) if t.is_floating_point() else t for name, t in state.items()}
     if config.with_embedding:
         tensors["embed_tokens.weight"] = _embedding(config, draft_config).to(dtype)

@@ -23,7 +23,7 @@ from eyas.config import TrainConfig
 from eyas.data.dataset import read_manifest
 from eyas.distributed import Ranks, all_reduce_gradients, all_reduce_sum, barrier, current_ranks, init_distributed, rank_device
 from eyas.draft.layer_init import init_from_target_layer
-from eyas.draft.model import Eagle3Draft, load_draft, set_embedding, write_draft
+from eyas.draft.model import load_draft, new_draft, set_embedding, write_draft
 from eyas.draft.objective import StepScorer, StepSums, TeacherHead, loss_token_count, metrics_of
 from eyas.errors import ChecksFailed, EyasError
 from eyas.draft.config import WEIGHTS_FILE
@@ -105,7 +105,7 @@ class _Trainer:
         if config.init is not None:
             self.draft = load_draft(config.init)
         else:
-            self.draft = Eagle3Draft(setup.draft_config)
+            self.draft = new_draft(setup.draft_config)
             with torch.no_grad():  # start the head where the target's is: its rows of the draft vocabulary
                 self.draft.lm_head.weight.copy_(head.lm_head[token_ids.to(head.lm_head.device)].float())
             if config.init_layer is not None:

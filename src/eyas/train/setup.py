@@ -76,6 +76,11 @@ def _dataset_vocab(dataset_dir: Path, manifest: ds.DatasetManifest, size: int | 
     return cached_draft_vocab(dataset_dir, manifest.fingerprint, counts, size)[0]
 
 
+def _whole_vocab(size: int) -> DraftVocab:
+    """Return the identity vocabulary of a `size`-token target: a DFlash draft reads through the target's LM head."""
+    return DraftVocab(np.zeros(size, dtype=np.int64), np.ones(size, dtype=bool), 1.0)
+
+
 def _warm_start_vocab(init: Path, dataset_dir: Path, manifest: ds.DatasetManifest) -> DraftVocab:
     """Return the vocabulary of the draft in `init`; refuses one that differs from the dataset's own."""
     from safetensors import safe_open
@@ -169,19 +174,30 @@ def resolve_train(config: TrainConfig) -> TrainSetup:
 
     if config.init is not None and config.init_layer is not None:
         raise EyasError("init_layer: not with init (a warm start keeps the layers it was trained to)")
+    if config.family == "dflash" and (config.init_layer is not None or config.draft_vocab_size is not None):
+        raise EyasError("family: dflash reads the target's whole vocabulary through its LM head and starts its layers "
+                        "afresh; leave out draft_vocab_size and init_layer")
     if config.init is not None:
-        vocab = _warm_start_vocab(config.init, dataset_dir, manifest)
         init = read_draft_config(config.init)
-        _check_warm_start(config.init, init, target_config, aux_ids)
         _check_warm_start_family(config, init)
+        vocab = _whole_vocab(init.vocab_size) if init.family == "dflash" else \
+            _warm_start_vocab(config.init, dataset_dir, manifest)
+        _check_warm_start(config.init, init, target_config, aux_ids)
         draft_config = DraftConfig.model_validate({**init.model_dump(), "target": fingerprint})
     else:
-        vocab = _dataset_vocab(dataset_dir, manifest, config.draft_vocab_size)
+        dflash = config.family == "dflash"
+        vocab = _whole_vocab(int(text_config.vocab_size)) if dflash else \
+            _dataset_vocab(dataset_dir, manifest, config.draft_vocab_size)
         draft_config = draft_config_for_target(
             target_config, aux_ids, len(vocab.d2t), fingerprint,
             {"num_hidden_layers": config.num_layers, "intermediate_size": config.intermediate_size,
+             "block_size": config.ttt_steps + 1 if dflash else None,
              **{name: getattr(config, name) for name in FAMILY_OPTIONS}},
         )
+    if draft_config.block_size is not None and config.ttt_steps != draft_config.block_size - 1:
+        raise EyasError(f"ttt_steps: {config.ttt_steps}; the warm-start dflash draft's block of {draft_config.block_size} "
+                        f"drafts {draft_config.block_size - 1} tokens, which is what it trains (give --ttt-steps "
+                        f"{draft_config.block_size - 1})")
     if len(vocab.t2d) != draft_config.vocab_size:
         raise EyasError(f"vocab: t2d covers {len(vocab.t2d)} target tokens, the target has {draft_config.vocab_size}")
     if store is not None:

@@ -19,16 +19,17 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from eyas.draft.model import Eagle3Draft
+from eyas.draft.dflash import DFlashDraft, Draft, block_steps
 from eyas.draft.objective import StepScorer, weighted_objective
 from eyas.draft.ttt import unroll
 from eyas.train.batches import PackedBatch
 
 
 class TTTLoss(nn.Module):
-    """The draft and its unroll: `forward(batch, scorer)` returns the weighted objective of one micro-batch."""
+    """The draft and its unroll: `forward(batch, scorer)` returns the weighted objective of one micro-batch. A
+    DFlash draft's steps are the slots of the blocks it drafts after every anchor (eyas.draft.dflash)."""
 
-    def __init__(self, draft: Eagle3Draft, steps: int, autocast: bool) -> None:
+    def __init__(self, draft: Draft, steps: int, autocast: bool) -> None:
         super().__init__()
         self.draft, self.steps, self.autocast = draft, steps, autocast
 
@@ -36,7 +37,8 @@ class TTTLoss(nn.Module):
         """Return `sum_j 0.8**j * loss_j` (summed over tokens, a scalar with grad); `scorer` records the sums."""
         device = batch.aux.device.type
         with torch.autocast(device, dtype=torch.bfloat16, enabled=self.autocast):
-            logits = unroll(self.draft, batch.aux, batch.input_ids, batch.position_ids, batch.doc_ids, self.steps)
+            steps = block_steps if isinstance(self.draft, DFlashDraft) else unroll
+            logits = steps(self.draft, batch.aux, batch.input_ids, batch.position_ids, batch.doc_ids, self.steps)
             return weighted_objective([scorer.score(j, step_logits) for j, step_logits in enumerate(logits)])
 
 
@@ -79,12 +81,12 @@ def like(reference: torch.Tensor, full: torch.Tensor) -> torch.Tensor:
     return full
 
 
-def gathered_state(draft: Eagle3Draft) -> dict[str, torch.Tensor]:
+def gathered_state(draft: Draft) -> dict[str, torch.Tensor]:
     """Return the draft's saved tensors whole (a collective under FSDP: every rank calls it)."""
     return {name: full_tensor(t) for name, t in draft.trainable_state().items()}
 
 
-def parameter_counts(draft: Eagle3Draft) -> dict[str, int]:
+def parameter_counts(draft: Draft) -> dict[str, int]:
     """Return `draft_parameters` (all, the frozen embedding included) and `draft_parameters_on_rank`
     (what this rank holds at rest: about 1/world of them under FSDP)."""
     params = list(draft.parameters())

@@ -24,11 +24,13 @@ class Completion:
     token_ids: list[int]  # the new tokens, the stop token included when generation stopped on one
 
 
-def eagle3_method(draft: Path, tokens: int, parallel: bool = False) -> dict[str, object]:
-    """Return vLLM's `speculative_config` for an EAGLE-3 draft directory (an `eyas export --format vllm` output);
-    `parallel`: a P-EAGLE draft, which vLLM drafts in one forward only when told (else it runs it as EAGLE-3)."""
+def eagle3_method(draft: Path, tokens: int, family: str = "eagle3") -> dict[str, object]:
+    """Return vLLM's `speculative_config` for a draft directory (an `eyas export --format vllm` output) of `family`:
+    EAGLE-3; P-EAGLE, which vLLM drafts in one forward only when told (else it runs it as EAGLE-3); DFlash."""
+    if family == "dflash":
+        return {"method": "dflash", "model": str(draft), "num_speculative_tokens": tokens}
     return {"method": "eagle3", "model": str(draft), "num_speculative_tokens": tokens,
-            **({"parallel_drafting": True} if parallel else {})}
+            **({"parallel_drafting": True} if family == "peagle" else {})}
 
 
 def ngram_method(tokens: int, lookup_max: int) -> dict[str, object]:
