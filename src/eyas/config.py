@@ -23,7 +23,6 @@ from eyas.errors import EyasError
 from eyas.files import reading, write_text_atomic
 from eyas.precision import DtypeChoice
 from eyas.models.layers import Convention
-from eyas.draft.config import Family
 
 FLOAT32_MAX = 3.4028234663852886e38  # AdamW scales float32 weights by lr and weight decay: larger cannot be applied
 AUTO_HELP = ("auto: float32 for a quantized GGUF target, else bfloat16 where the device computes it natively (CUDA with "
@@ -141,6 +140,9 @@ class ExtractConfig(StageConfig):
     trust_remote_code: bool = Field(False, description="allow custom model code from the target directory")
 
 
+Family = Literal["eagle3", "peagle", "dflash"]  # the draft families (eyas.draft.config)
+
+
 class TrainConfig(StageConfig):
     """`eyas train`: feature store (offline) or dataset (online, target in the loop) -> EAGLE-3 draft."""
 
@@ -152,13 +154,14 @@ class TrainConfig(StageConfig):
     init_layer: int | None = Field(None, description="start the draft's decoder layers from this target decoder layer "
                                    "(0-based, -1 the last; docs/train.md)", json_schema_extra=DECIDES)
     draft_vocab_size: PositiveInt | None = Field(None, description="default: the dataset's vocab, else 32000", json_schema_extra=DECIDES)
-    family: Family | None = Field(None, description="draft family: eagle3 (autoregressive, the default) or peagle "
-                                  "(P-EAGLE: ttt_steps tokens in one forward) (docs/train.md)", json_schema_extra=DECIDES)
+    family: Family | None = Field(None, description="draft family: eagle3 (autoregressive, the default), peagle "
+                                  "(P-EAGLE: ttt_steps tokens in one forward) or dflash (a block of ttt_steps + 1) "
+                                  "(docs/train.md)", json_schema_extra=DECIDES)
     fc_norm: bool | None = Field(None, description="EAGLE-3.1: an RMSNorm per aux feature before fc (default false)",
                                  json_schema_extra=DECIDES)
     norm_output: bool | None = Field(None, description="EAGLE-3.1: each draft step passes its post-norm output on "
                                      "(default false)", json_schema_extra=DECIDES)
-    mask_token_id: NonNegativeInt | None = Field(None, description="peagle: the token its parallel slots read "
+    mask_token_id: NonNegativeInt | None = Field(None, description="peagle, dflash: the token the parallel slots read "
                                                  "(default: the target's pad token, else its last id)",
                                                  json_schema_extra=DECIDES)
     num_layers: PositiveInt = Field(1, description="draft decoder layers", json_schema_extra=DECIDES)

@@ -159,7 +159,7 @@ def test_saved_weights_name_the_options_as_engines_do_and_load_back(tmp_path: Pa
 
 
 @pytest.mark.parametrize(("options", "message"), [
-    ({"family": "peagle"}, "mask_token_id: Value error, None; a peagle draft needs one"),
+    ({"family": "peagle"}, "mask_token_id: Value error, None; a peagle or dflash draft needs one"),
     ({"mask_token_id": 3}, "an eagle3 draft has none"),
     ({"family": "peagle", "mask_token_id": 40}, "outside the 40-token vocabulary"),
     ({"family": "dflash3"}, "family"),

@@ -26,6 +26,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, PositiveInt, ValidationError, ValidationInfo, field_validator
 
+from eyas.config import Family
 from eyas.errors import EyasError
 from eyas.files import read_json_object
 from eyas.models.fingerprint import OTHER_VERSION, TargetFingerprint
@@ -34,8 +35,6 @@ from eyas.models.layers import layer_id_problems
 ARCHITECTURE = "EyasEagle3Draft"
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
-Family = Literal["eagle3", "peagle", "dflash"]
-FAMILIES: tuple[Family, ...] = ("eagle3", "peagle", "dflash")
 MASKED: tuple[Family, ...] = ("peagle", "dflash")  # the families whose parallel slots read a mask token
 
 
