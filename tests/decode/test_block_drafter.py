@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 from test_decoder import (FLAT, NEW_TOKENS, exact_joint, hf_greedy, joint_p_value, overconfident, repeating,
-                          sample_joint, wrong_chain_verifier)
+                          sample_joint, wrong_residual_p_value)
 
 from eyas.decode.decoder import Decoder
 from eyas.decode.sampling import Sampling
@@ -109,13 +109,7 @@ def test_sampling_with_the_block_preserves_the_targets_distribution(block_pair) 
 
 def test_the_block_check_catches_a_wrong_residual(pair, monkeypatch: pytest.MonkeyPatch) -> None:
     parts, draft, prompts = pair
-    sampling = Sampling(temperature=2.0, top_k=5)
-    prompt = prompts[0]
-    expected = exact_joint(parts, prompt, sampling, 3)
-    monkeypatch.setattr("eyas.decode.decoder.accept_sampled_chain", wrong_chain_verifier)
-    decoder = Decoder(parts, overconfident(draft), TreeShape.chain_of(3), sampling, set(), seed=7)
-    observed, _, _ = sample_joint(decoder, prompt, 1200)
-    assert joint_p_value(observed, expected) < 1e-4
+    assert wrong_residual_p_value(parts, draft, prompts[0], monkeypatch) < 1e-4
 
 
 def test_sampling_with_the_auto_block_preserves_the_targets_distribution(pair) -> None:

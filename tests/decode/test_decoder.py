@@ -180,16 +180,22 @@ def wrong_chain_verifier(tree, target_probs, generator):  # noqa: ANN001, ANN201
     return Verdict(accepted, int(torch.multinomial(target_probs[len(tree)], 1, generator=generator)))
 
 
-def test_the_check_catches_a_wrong_residual(pair, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The same draws through a verifier with the wrong residual distribution fail the same check."""
-    parts, draft, prompts = pair
+def wrong_residual_p_value(parts: TargetParts, draft: Eagle3Draft, prompt: list[int],
+                           monkeypatch: pytest.MonkeyPatch) -> float:
+    """Return the chi-square p-value of a sampled chain of 3 (the overconfident draft, temperature 2, top-k 5)
+    decoded through `wrong_chain_verifier`."""
     sampling = Sampling(temperature=2.0, top_k=5)
-    prompt = prompts[0]
     expected = exact_joint(parts, prompt, sampling, 3)
     monkeypatch.setattr("eyas.decode.decoder.accept_sampled_chain", wrong_chain_verifier)
     decoder = Decoder(parts, overconfident(draft), TreeShape.chain_of(3), sampling, set(), seed=7)
     observed, _, _ = sample_joint(decoder, prompt, 1200)
-    assert joint_p_value(observed, expected) < 1e-4
+    return joint_p_value(observed, expected)
+
+
+def test_the_check_catches_a_wrong_residual(pair, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The same draws through a verifier with the wrong residual distribution fail the same check."""
+    parts, draft, prompts = pair
+    assert wrong_residual_p_value(parts, draft, prompts[0], monkeypatch) < 1e-4
 
 
 FLAT = RoundCosts.linear(base=1.0, per_token=0.0, draft_step=0.0)  # verifying more is free: draft the most

@@ -38,7 +38,7 @@ import torch
 from torch import nn
 
 from eyas.draft.config import DraftConfig
-from eyas.draft.model import FROZEN, Eagle3Draft, llama_config
+from eyas.draft.model import FROZEN, Eagle3Draft, frozen_embedding, llama_config
 
 
 def _per_head(kv: torch.Tensor, heads: int, dim: int) -> torch.Tensor:
@@ -125,8 +125,7 @@ class DFlashDraft(nn.Module):
 
         self.config = config
         H = config.hidden_size
-        self.embed_tokens = nn.Embedding(config.vocab_size, H)
-        self.embed_tokens.weight.requires_grad_(False)
+        self.embed_tokens = frozen_embedding(config)
         self.fc = nn.Linear(config.num_aux * config.target_hidden_size, H, bias=False)
         self.hidden_norm = LlamaRMSNorm(H, eps=config.rms_norm_eps)
         self.layers = nn.ModuleList([DFlashLayer(config) for _ in range(config.num_hidden_layers)])

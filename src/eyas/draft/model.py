@@ -110,6 +110,13 @@ class DraftLayer(nn.Module):
         return hidden + self.mlp(self.post_attention_layernorm(hidden))
 
 
+def frozen_embedding(config: DraftConfig) -> nn.Embedding:
+    """Return the `[V, H]` embedding every draft reads: the target's (`set_embedding`), frozen and never saved."""
+    embedding = nn.Embedding(config.vocab_size, config.hidden_size)
+    embedding.weight.requires_grad_(False)
+    return embedding
+
+
 class Eagle3Draft(nn.Module):
     def __init__(self, config: DraftConfig) -> None:
         super().__init__()
@@ -117,8 +124,7 @@ class Eagle3Draft(nn.Module):
 
         self.config = config
         H = config.hidden_size
-        self.embed_tokens = nn.Embedding(config.vocab_size, H)
-        self.embed_tokens.weight.requires_grad_(False)
+        self.embed_tokens = frozen_embedding(config)
         if config.fc_norm:
             self.fc_norm = nn.ModuleList([LlamaRMSNorm(config.target_hidden_size, eps=config.rms_norm_eps)
                                           for _ in range(config.num_aux)])
