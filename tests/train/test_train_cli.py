@@ -375,6 +375,9 @@ def test_each_family_runs_train_eval_export_and_check_draft(inputs: Inputs, offl
         assert "layers.1.self_attn.k_norm.weight" in names and not names & {"lm_head.weight", "d2t", "embed_tokens.weight"}
         refused = run_cli("export", "--draft", run / "final", "--format", "sglang", "--out", tmp_path / "sglang")
         assert refused.code == 2 and "family: dflash" in refused.err
+        unread = run_cli("train", "--features", inputs.store, "--out", tmp_path / "options", "--max-steps", "1", *SMALL,
+                         "--family", "dflash", "--fc-norm", "--draft-vocab-size", "100")
+        assert unread.code == 2 and "leave out draft_vocab_size, fc_norm" in one_line_error(unread)
     for fmt in ("vllm", "speculators") if name != "dflash" else ():
         assert run_cli("export", "--draft", run / "final", "--format", fmt, "--out", tmp_path / fmt).code == 0
         checked = run_cli("check-draft", tmp_path / fmt, "--target", inputs.target, "--engine", "vllm")

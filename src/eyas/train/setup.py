@@ -174,9 +174,10 @@ def resolve_train(config: TrainConfig) -> TrainSetup:
 
     if config.init is not None and config.init_layer is not None:
         raise EyasError("init_layer: not with init (a warm start keeps the layers it was trained to)")
-    if config.family == "dflash" and (config.init_layer is not None or config.draft_vocab_size is not None):
-        raise EyasError("family: dflash reads the target's whole vocabulary through its LM head and starts its layers "
-                        "afresh; leave out draft_vocab_size and init_layer")
+    if config.family == "dflash" and (given := [name for name in ("init_layer", "draft_vocab_size", "fc_norm", "norm_output")
+                                             if getattr(config, name) not in (None, False)]):
+        raise EyasError(f"family: dflash reads the target's whole vocabulary through its LM head, starts its layers "
+                        f"afresh and has none of EAGLE-3.1's options; leave out {', '.join(given)}")
     if config.init is not None:
         init = read_draft_config(config.init)
         _check_warm_start_family(config, init)
