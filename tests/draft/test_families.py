@@ -88,6 +88,9 @@ def test_a_block_after_anchors_read_earlier_is_the_same_block() -> None:
     assert anchors.first_waiting is None
     torch.testing.assert_close(anchors.block(STEPS), block_at(draft, aux, tokens, 5))
     assert anchors.runner.length == 6  # the slots left the cache
+    forwards = anchors.runner.forwards
+    torch.testing.assert_close(anchors.block(1), block_at(draft, aux, tokens, 5)[:1])  # the root alone: no forward
+    assert anchors.runner.forwards == forwards
 
 
 def test_the_block_is_not_the_autoregressive_recurrence() -> None:

@@ -110,6 +110,8 @@ class DraftAnchors:
         if not self._tokens and self._root is None:
             raise ValueError("draft anchors: nothing read yet")
         slots = length - 1
+        if not slots and not self._tokens:  # the root's logits, read already
+            return self.root.logits[-1:]
         step = self._forward(slots)
         self.runner.crop(self.runner.length - slots)
         return torch.cat([self.root.logits[-1:], step.logits[step.logits.shape[0] - slots:]])
