@@ -57,7 +57,7 @@ from eyas.config import EvalConfig, TrainConfig
 from eyas.data.prompts import eos_ids
 from eyas.decode.prompts import read_prompts
 from eyas.decode.recorded import Continuation
-from eyas.decode.replay import greedy_continuations, pooled_chain_tau
+from eyas.decode.replay import greedy_continuations, pooled_figures, replayed
 from eyas.decode.served import served_draft_tau
 from eyas.demo.prompts import CHAT_PROMPTS, chat_prompts
 from eyas.demo.run import demo_root, run_demo, stage_sections
@@ -118,9 +118,16 @@ def demo_sections(config_file: Path) -> tuple[TrainConfig, EvalConfig]:
 
 
 def held_out_tau(run_dir: Path, parts: Any, sets: dict[str, list[Continuation]], chain: int, eos: set[int]) -> dict[str, Any]:
-    """Return, per held-out set, the pooled tau and first-position acceptance of the run's final draft."""
+    """Return, per held-out set, the pooled tau and first-position acceptance of the run's final draft, and
+    `draft_ms_per_round`: the replay's wall time per round (the draft's forwards and the round loop; the recorded
+    target's answers cost next to nothing), what drafting a round costs, comparable between drafts."""
     draft = load_draft(run_dir / "final", parts.embed.weight.detach()).to(parts.lm_head.weight.dtype).eval()
-    return {name: pooled_chain_tau(draft, continuations, chain, eos) for name, continuations in sets.items()}
+    figures = {}
+    for name, continuations in sets.items():
+        generations = [replayed(draft, continuation, chain, eos) for continuation in continuations]
+        pooled = pooled_figures(generations)
+        figures[name] = {**pooled, "draft_ms_per_round": round(1000 * sum(g.seconds for g in generations) / pooled["rounds"], 3)}
+    return figures
 
 
 def training_rate(run_dir: Path) -> float:

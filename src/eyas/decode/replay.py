@@ -57,12 +57,13 @@ def replay_chain(draft: Eagle3Draft, continuation: Continuation, chain: int, eos
 
 
 def pooled_chain_tau(draft: Eagle3Draft, continuations: list[Continuation], chain: int, eos: set[int]) -> dict[str, float]:
-    """Return `tau` (1 + mean accepted per round), `first_acceptance` (share of rounds accepting a token), `rounds`
-    and `draft_ms_per_round` of greedy chain-`chain` decoding replayed over every continuation, rounds pooled. The
-    milliseconds are the replay's wall time per round: the draft's forwards and the round loop, the recorded
-    target's answer costing next to nothing, so they compare what drafting a round costs between drafts."""
-    generations = [replayed(draft, continuation, chain, eos) for continuation in continuations]
+    """Return `pooled_figures` of greedy chain-`chain` decoding replayed over every continuation."""
+    return pooled_figures([replayed(draft, continuation, chain, eos) for continuation in continuations])
+
+
+def pooled_figures(generations: list[Generation]) -> dict[str, float]:
+    """Return `tau` (1 + mean accepted per round), `first_acceptance` (share of rounds accepting a token) and
+    `rounds` of `generations`, rounds pooled: functions of the tokens alone, so a rerun gives the same figures."""
     rounds = [a for generation in generations for a in generation.accepted]
     return {"tau": round(1 + sum(rounds) / len(rounds), 4),
-            "first_acceptance": round(sum(a > 0 for a in rounds) / len(rounds), 4), "rounds": len(rounds),
-            "draft_ms_per_round": round(1000 * sum(g.seconds for g in generations) / len(rounds), 3)}
+            "first_acceptance": round(sum(a > 0 for a in rounds) / len(rounds), 4), "rounds": len(rounds)}
