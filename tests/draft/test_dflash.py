@@ -132,4 +132,4 @@ def test_a_document_boundary_hides_the_other_documents_context() -> None:
         alone = torch.stack([logits[0] for logits in block_steps(draft, aux[None, 5:], tokens[None, 5:],
                                                                  torch.arange(LENGTH - 5)[None],
                                                                  torch.zeros(1, LENGTH - 5, dtype=torch.long), BLOCK - 1)])
-    torch.testing.assert_close(packed[:, 5:LENGTH - 1], alone[:, :LENGTH - 6])
+    torch.testing.assert_close(packed[:, 5:LENGTH - 1], alone[:, :LENGTH - 6], rtol=1e-5, atol=1e-5)  # float32 rope angles
