@@ -33,13 +33,15 @@ def _layer_config(config: DraftConfig) -> dict[str, Any]:
     }
 
 
-def _family_keys(config: DraftConfig) -> dict[str, Any]:
-    """Return the keys vLLM reads for EAGLE-3.1's options and P-EAGLE's mask token (none for a plain EAGLE-3
-    draft, whose config stays as before)."""
-    keys: dict[str, Any] = {name: True for name in ("fc_norm", "norm_output") if getattr(config, name)}
-    if config.mask_token_id is not None:
-        keys["mask_token_id"] = config.mask_token_id
-    return keys
+def _option_keys(config: DraftConfig) -> dict[str, bool]:
+    """Return the keys vLLM reads for the EAGLE-3.1 options the draft has (none for a plain EAGLE-3 draft, whose
+    config stays as before)."""
+    return {name: True for name in ("fc_norm", "norm_output") if getattr(config, name)}
+
+
+def _mask_key(config: DraftConfig) -> dict[str, int]:
+    """Return P-EAGLE's `mask_token_id` key (none for an EAGLE-3 draft)."""
+    return {"mask_token_id": config.mask_token_id} if config.mask_token_id is not None else {}
 
 
 def dflash_config(config: DraftConfig, dtype: str, provenance: dict[str, Any]) -> dict[str, Any]:
@@ -72,15 +74,14 @@ def engine_config(config: DraftConfig, fmt: Format, dtype: str, verifier: str | 
                   "target": config.target.model_dump() if config.target else None, "eyas_version": config.eyas_version}
     if config.family == "dflash":
         return dflash_config(config, dtype, provenance)
-    family = _family_keys(config)
+    options = _option_keys(config)
     if fmt == "speculators":
-        options = {k: v for k, v in family.items() if k != "mask_token_id"}
         peagle = config.family == "peagle"
         layer = {**_layer_config(config), **options} if peagle else _layer_config(config)
         return {
             "architectures": ["Eagle3Speculator"], "speculators_model_type": "peagle" if peagle else "eagle3",
             "transformer_layer_config": layer, "draft_vocab_size": config.draft_vocab_size,
-            **({"mask_token_id": config.mask_token_id} if peagle else options),
+            **(_mask_key(config) if peagle else options),
             "norm_before_residual": False, "target_hidden_size": config.target_hidden_size,
             "eagle_aux_hidden_state_layer_ids": ids, "torch_dtype": dtype,
             "speculators_config": {
@@ -92,7 +93,7 @@ def engine_config(config: DraftConfig, fmt: Format, dtype: str, verifier: str | 
         }
     return {
         "architectures": [HF_ARCHITECTURE], **_layer_config(config), "draft_vocab_size": config.draft_vocab_size,
-        "target_hidden_size": config.target_hidden_size, "torch_dtype": dtype, **family,
+        "target_hidden_size": config.target_hidden_size, "torch_dtype": dtype, **options, **_mask_key(config),
         "eagle_config": {"eagle_aux_hidden_state_layer_ids": ids, "use_aux_hidden_state": True},
         PROVENANCE: provenance,
     }
@@ -127,7 +128,7 @@ def run_export(config: ExportConfig) -> Path:
     if fmt == "sglang" and draft_config.num_hidden_layers > 1:
         raise EyasError(f"{config.draft / CONFIG_FILE}: num_hidden_layers: {draft_config.num_hidden_layers}; SGLang's "
                         "EAGLE-3 draft has one layer (use --format vllm or speculators)")
-    if fmt == "sglang" and (unread := [k for k in _family_keys(draft_config) if k != "mask_token_id"]
+    if fmt == "sglang" and (unread := [*_option_keys(draft_config)]
                             + (["family: peagle"] if draft_config.family == "peagle" else [])):
         raise EyasError(f"{config.draft / CONFIG_FILE}: {', '.join(unread)}; SGLang's EAGLE-3 draft reads none of "
                         "these (use --format vllm or speculators)")
