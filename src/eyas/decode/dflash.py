@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from eyas.decode.drafting import block_chain
+from eyas.decode.drafting import block_chain, captured
 from eyas.decode.proposers import ProposerTally
 from eyas.decode.rounds import Context, Outcome, Proposal
 from eyas.decode.runners import TargetForwards, TargetStep
@@ -34,10 +34,8 @@ class ContextCache:
     def add(self, aux: torch.Tensor | None, first_position: int) -> None:
         """Queue the target's features `aux [r, A*H_t]` of the tokens at `first_position`, ... Refuses (ValueError)
         missing features: the target must run capturing the draft's layers."""
-        if aux is None:
-            raise ValueError("the draft reads the target's features of every committed token, and none were captured")
-        self._aux.append(aux)
-        self._positions += range(first_position, first_position + aux.shape[0])
+        self._aux.append(captured(aux))
+        self._positions += range(first_position, first_position + len(self._aux[-1]))
 
     @torch.inference_mode()
     def block(self, anchor: int, position: int) -> torch.Tensor:

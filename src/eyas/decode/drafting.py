@@ -87,9 +87,7 @@ class DraftAnchors:
     def add(self, aux: torch.Tensor | None, tokens: list[int], first_position: int) -> None:
         """Queue anchors reading `aux [r, A*H_t]` and the next tokens `tokens [r]`, from `first_position` on.
         Refuses (ValueError) missing features: the target must run capturing the draft's layers."""
-        if aux is None:
-            raise ValueError("the draft reads the target's features of every committed token, and none were captured")
-        self._aux.append(aux)
+        self._aux.append(captured(aux))
         self._tokens += tokens
         self._positions += range(first_position, first_position + len(tokens))
 
@@ -135,6 +133,14 @@ class DraftAnchors:
             self._root_position = self._positions[-1]
             self._aux, self._tokens, self._positions = [], [], []
         return step
+
+
+def captured(aux: torch.Tensor | None) -> torch.Tensor:
+    """Return the target's features of committed tokens; refuses (ValueError) none: the target must run capturing
+    the draft's layers, whose every committed token a draft reads."""
+    if aux is None:
+        raise ValueError("the draft reads the target's features of every committed token, and none were captured")
+    return aux
 
 
 def target_ids_of(drafter: DraftRunner) -> torch.Tensor:
